@@ -469,7 +469,7 @@ def main(args: Args):
             if measure_from and global_step > measure_from[1]:
                 fps = (global_step - measure_from[1]) / (now - measure_from[0])
             mean_stats = np.mean(stats, axis=0).tolist()
-            row = dict(iteration=iteration, global_step=global_step, fps=fps,
+            row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
                        episodic_return=float(np.mean(finished)) if finished else None,
                        t_rollout=t_rollout, t_env=t_env, t_policy=t_policy, t_gae=t_gae, t_update=t_update,
                        lr=optimizer.param_groups[0]["lr"],

@@ -528,7 +528,7 @@ def main(args: Args):
                 measure_from = (now, global_step)
             if measure_from and global_step > measure_from[1]:
                 fps = (global_step - measure_from[1]) / (now - measure_from[0])
-            row = dict(iteration=iteration, global_step=global_step, fps=fps, episodic_return=episodes.mean(),
+            row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps, episodic_return=episodes.mean(),
                        t_rollout=t_rollout, t_env=t_env, t_policy=t_policy, t_gae=t_gae, t_update=t_update, lr=lr.item(),
                        **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"),
                                   stats[:n].mean(0).tolist())))  # the one host sync of the iteration

@@ -35,6 +35,7 @@ def load_script(name: str):
     """Import leanrl/<name>.py as a module, to test its units directly."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "leanrl" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # torch.compile looks the module up by name
     spec.loader.exec_module(module)
     return module
 

@@ -1,0 +1,217 @@
+"""Classic-control PPO: ppo.py (eager baseline) and ppo_torchcompile.py."""
+
+import functools
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, SMOKE, assert_user_error, load_script, read_metrics, read_summary, run_script
+
+SCRIPTS = ["ppo.py", "ppo_torchcompile.py"]
+ROW_FIELDS = {"iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
+              "t_update", "lr", "approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy"}
+SUMMARY_FIELDS = {"script", "env_id", "seed", "flags", "device", "torch", "cpu", "gpu", "num_threads",
+                  "total_timesteps", "wall_time", "fps", "final_return", "compile_time"}
+
+
+@pytest.fixture(scope="module")
+def tc():
+    return load_script("ppo_torchcompile")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("flag", [None, "--compile", "--cudagraphs"])
+def test_smoke(script, flag, log_dir):
+    proc = run_script(script, *SMOKE, *([flag] if flag else []), log_dir=log_dir)
+    rows, summary = read_metrics(log_dir), read_summary(log_dir)
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4]
+    assert rows[-1]["global_step"] == 256
+    assert all(ROW_FIELDS <= r.keys() for r in rows)
+    assert [r["fps"] is None for r in rows] == [True, True, True, False]  # burn-in of 3 iterations
+    assert rows[-1]["fps"] > 0 and rows[-1]["episodic_return"] > 0
+    assert SUMMARY_FIELDS <= summary.keys()
+    assert summary["flags"]["compile"] == (flag == "--compile")
+    assert (summary["compile_time"] is not None) == (flag == "--compile")
+    if flag == "--cudagraphs":  # no CUDA here: one line says so, and the run goes on
+        assert "--cudagraphs ignored" in proc.stderr
+
+
+def numpy_gae(rewards, dones, values, next_value, next_done, gamma, lam):
+    """Textbook GAE, written independently of the scripts: A_t = sum_k (gamma*lam)^k delta_{t+k}, cut at episode ends."""
+    T, N = rewards.shape
+    adv = np.zeros((T, N))
+    for n in range(N):
+        for t in range(T):
+            total, discount = 0.0, 1.0
+            for k in range(t, T):
+                alive_next = 1.0 - (next_done[n] if k == T - 1 else dones[k + 1, n])
+                v_next = next_value[n] if k == T - 1 else values[k + 1, n]
+                total += discount * (rewards[k, n] + gamma * v_next * alive_next - values[k, n])
+                discount *= gamma * lam * alive_next
+                if alive_next == 0:
+                    break
+            adv[t, n] = total
+    return adv
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_gae_matches_numpy_reference(tc, compiled):
+    rng = np.random.default_rng(0)
+    T, N, gamma, lam = 32, 3, 0.99, 0.95
+    rewards, values = rng.normal(size=(T, N)), rng.normal(size=(T, N))
+    dones = (rng.random((T, N)) < 0.15).astype(np.float64)
+    next_value, next_done = rng.normal(size=N), np.array([0.0, 1.0, 0.0])
+    gae = torch.compile(tc.gae, fullgraph=True) if compiled else tc.gae
+    f32 = functools.partial(torch.tensor, dtype=torch.float32)
+    adv, ret = gae(f32(next_value), f32(next_done), f32(rewards), f32(dones), f32(values), gamma, lam)
+    expected = numpy_gae(rewards, dones, values, next_value, next_done, gamma, lam)
+    np.testing.assert_allclose(adv.numpy(), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ret.numpy(), expected + values, rtol=1e-4, atol=1e-4)
+
+
+def make_update_state(tc, seed):
+    torch.manual_seed(seed)
+    agent = tc.Agent(4, 2)
+    lr = torch.tensor(2.5e-4)
+    return agent, tc.make_optimizer(agent, lr, capturable=False), lr
+
+
+def test_update_matches_eager_autograd_step(tc):
+    """The func.grad + functional-Adam `update` equals the plain loss.backward(); clip; Adam.step() of ppo.py."""
+    args = tc.Args()
+    agent, optimizer, lr = make_update_state(tc, 0)
+    torch.manual_seed(0)
+    reference = tc.Agent(4, 2)
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=2.5e-4, eps=1e-5)
+    batch = random_batch(512)
+    inds = torch.randperm(512)[:128]
+    for _ in range(3):  # a few steps, so Adam's moments and bias correction are exercised
+        stats = tc.update(agent, optimizer, lr, args, *batch, inds)
+        loss, ref_stats = tc.ppo_loss(dict(reference.named_parameters()), reference, args, *(x[inds] for x in batch))
+        ref_opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), args.max_grad_norm)
+        ref_opt.step()
+        torch.testing.assert_close(stats[:5], ref_stats, rtol=1e-5, atol=1e-6)
+    for p, q in zip(agent.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+
+
+def random_batch(n):
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g),
+            -torch.rand(n, generator=g), torch.randn(n, generator=g), torch.randn(n, generator=g),
+            torch.randn(n, generator=g)]
+
+
+def test_compiled_update_matches_eager(tc):
+    """Same seed and state: the compiled update gives the eager update's losses and parameters.
+    Tolerance: float32 with the reductions reordered by inductor, a few ulps on O(1) values."""
+    args = tc.Args()
+    batch, inds = random_batch(512), torch.randperm(512)[:128]
+    results = []
+    for compiled in (False, True):
+        agent, optimizer, lr = make_update_state(tc, 0)
+        update = functools.partial(tc.update, agent, optimizer, lr, args)
+        if compiled:
+            update = torch.compile(update, options=dict(cpp_wrapper=True, max_autotune=True))
+        stats = update(*batch, inds)
+        results.append((stats, [p.detach().clone() for p in agent.parameters()],
+                        [optimizer.state[p]["exp_avg_sq"].clone() for p in agent.parameters()]))
+    (s0, p0, v0), (s1, p1, v1) = results
+    torch.testing.assert_close(s1, s0, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(p0[0], next(make_update_state(tc, 0)[0].parameters()))  # the step did move them
+    for a, b in zip(p0 + v0, p1 + v1):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
+
+
+def test_inference_copy_shares_storage_without_grad(tc):
+    agent, agent_inference = tc.Agent(4, 2), tc.Agent(4, 2)
+    tc.from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    for p, q in zip(agent.parameters(), agent_inference.parameters()):
+        assert p.data_ptr() == q.data_ptr() and not q.requires_grad
+    with torch.no_grad():
+        agent.actor[0].weight.add_(1.0)
+    assert torch.equal(agent.actor[0].weight, agent_inference.actor[0].weight)
+
+
+def test_learns_cartpole(tmp_path):
+    """CartPole-v1 solved (mean of the last 20 episodes >= 475) within the default 500k steps, compiled, seed 1."""
+    log_dir = tmp_path / "learn"
+    run_script("ppo_torchcompile.py", "--compile", "--seed", "1", log_dir=log_dir, timeout=900)
+    rows = read_metrics(log_dir)
+    assert rows[-1]["global_step"] <= 500000
+    best = max(r["episodic_return"] or 0 for r in rows)
+    assert best >= 475, f"best mean return {best}"
+
+
+BAD_INPUT = [
+    (["--env-id", "NoSuchEnv-v9"], ["unknown env id"]),
+    (["--env-id", "Breakout-v5"], ["Atari", "ppo_atari_envpool.py"]),
+    (["--env-id", "Pendulum-v1"], ["continuous"]),
+    (["--num-minibatches", "3"], ["does not divide"]),
+    (["--total-timesteps", "0"], ["--total-timesteps"]),
+    (["--resume", "/nonexistent/agent.pt"], ["no such file"]),
+    (["--total-timestep", "10"], ["unrecognized"]),
+    (["--num-envs", "four"], ["--num-envs"]),
+]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("flags,words", BAD_INPUT, ids=[" ".join(f) for f, _ in BAD_INPUT])
+def test_bad_input(script, flags, words, log_dir):
+    proc = run_script(script, *flags, log_dir=log_dir, check=False, timeout=120)
+    assert_user_error(proc, *words)
+    assert not (log_dir / "metrics.jsonl").exists()  # it stopped before any work
+
+
+def wait_for_rows(log_dir, n, proc, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if (log_dir / "metrics.jsonl").exists() and len((log_dir / "metrics.jsonl").read_text().splitlines()) >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"run ended or stalled before {n} iterations")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_ctrl_c_then_resume_matches_uninterrupted(script, tmp_path):
+    """Ctrl-C stops after the iteration with logs and a checkpoint; resuming it reaches the parameters of a run
+    that was never interrupted, bit for bit (eager mode: the same ops in the same order; the checkpoint carries
+    the RNG and the classic-control env state)."""
+    flags = ["--num-envs", "2", "--num-steps", "32", "--total-timesteps", str(64 * 300), "--save-model"]
+    cmd = [sys.executable, str(ROOT / "leanrl" / script), *flags]
+    first = tmp_path / "first"
+    proc = subprocess.Popen([*cmd, "--log-dir", str(first)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    wait_for_rows(first, 5, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    stopped_at = len(read_metrics(first))
+    assert 5 <= stopped_at < 300 and read_summary(first)["interrupted"]
+    ckpt = torch.load(first / "agent.pt", weights_only=True)
+    assert ckpt["iteration"] == stopped_at
+
+    resumed, straight = tmp_path / "resumed", tmp_path / "straight"
+    run_script(script, *flags, "--resume", str(first / "agent.pt"), log_dir=resumed)
+    run_script(script, *flags, log_dir=straight)
+    assert read_metrics(resumed)[0]["iteration"] == stopped_at + 1
+    a = torch.load(resumed / "agent.pt", weights_only=True)
+    b = torch.load(straight / "agent.pt", weights_only=True)
+    assert a["global_step"] == b["global_step"] == 64 * 300
+    for key in b["agent"]:
+        assert torch.equal(a["agent"][key], b["agent"][key]), key
+    assert read_metrics(resumed)[-1]["episodic_return"] == read_metrics(straight)[-1]["episodic_return"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_resume_rejects_other_config(script, tmp_path):
+    first = tmp_path / "first"
+    run_script(script, *SMOKE, "--save-model", log_dir=first)
+    proc = run_script(script, *SMOKE, "--num-steps", "32", "--resume", str(first / "agent.pt"),
+                      log_dir=tmp_path / "second", check=False)
+    assert_user_error(proc, "--num-steps 64")
