@@ -1,0 +1,482 @@
+"""PPO on Atari through envpool (Breakout-v5): the eager baseline.
+
+CleanRL's `ppo_atari_envpool.py` algorithm, Nature CNN and defaults, written plainly: float32 storage, Python
+loops, one autograd step per minibatch. It is the yardstick `ppo_atari_envpool_torchcompile.py` is measured against.
+
+    python leanrl/ppo_atari_envpool.py                  # 10M steps of Breakout-v5
+    python leanrl/ppo_atari_envpool.py --compile        # the same code under a naive torch.compile of the agent
+"""
+
+import contextlib
+import io
+import json
+import os
+import platform
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import envpool
+import numpy as np
+import torch
+import torch.nn as nn
+import tqdm
+import tyro
+from torch.distributions.categorical import Categorical
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """not supported with envpool (it renders no frames); the flag is accepted so every script takes it"""
+
+    env_id: str = "Breakout-v5"
+    """the id of the environment (an envpool Atari game)"""
+    total_timesteps: int = 10000000
+    """total timesteps of the experiments"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: Optional[float] = None
+    """the target KL divergence threshold"""
+
+    compile: bool = False
+    """if toggled, wrap the agent's methods in torch.compile (the naive one-liner; see the _torchcompile script)"""
+    cudagraphs: bool = False
+    """CUDA graphs need the rollout/gae/update units of ppo_atari_envpool_torchcompile.py; ignored without CUDA"""
+    measure_burnin: int = 3
+    """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
+    log_dir: Optional[str] = None
+    """where metrics.jsonl, summary.json and agent.pt go (default: runs/<env_id>__<script>__<seed>__<time>)"""
+    save_model: bool = False
+    """if toggled, save the agent and optimizer to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
+    resume: Optional[str] = None
+    """path of an agent.pt written by --save-model: continue that run (the games restart, see load_checkpoint)"""
+    num_threads: int = 2
+    """torch intra-op threads (2 measures fastest on a 2-core CPU: the update's convolutions dominate)"""
+
+
+def fail(message: str):
+    """A user mistake: one line on stderr, exit code 2, no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_args() -> Args:
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return tyro.cli(Args)
+    except SystemExit as e:
+        if e.code:  # tyro draws a multi-line box: fold it into the one line a user mistake gets
+            lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
+            fail(" ".join(ln for ln in lines[1:] if ln and not ln.startswith("For full helptext")))
+        raise
+
+
+def check_env_id(env_id: str):
+    family = envpool.registration.registry.specs.get(env_id, ("",))[0]
+    if "atari" in family:
+        return
+    if "classic_control" in family:
+        fail(f"{env_id} is a classic-control task; use leanrl/ppo.py")
+    if "mujoco" in family:
+        fail(f"{env_id} is a MuJoCo task; this script takes Atari games (continuous control is not in leanrl yet)")
+    fail(f"unknown env id {env_id!r}; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
+
+
+def check_args(args: Args):
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.learning_rate <= 0:
+        fail(f"--learning-rate must be positive, got {args.learning_rate}")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
+             f"(num_envs x num_steps); pick a divisor of {batch_size}")
+    if args.total_timesteps < batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
+    if args.resume and not os.path.isfile(args.resume):
+        fail(f"--resume {args.resume}: no such file")
+    if args.num_threads <= 0:
+        fail(f"--num-threads must be positive, got {args.num_threads}")
+    if args.capture_video:
+        fail("--capture-video is not supported: envpool renders no frames")
+    check_env_id(args.env_id)
+
+
+def make_envs(args: Args, seed: int):
+    # CleanRL's settings: 84x84 grey frames, 4 stacked, frameskip 4; a lost life ends the (training) episode and
+    # rewards are clipped to their sign. The real game score comes back unclipped in info["reward"].
+    return envpool.make(args.env_id, env_type="gym", num_envs=args.num_envs, episodic_life=True, reward_clip=True,
+                        seed=seed)
+
+
+class EpisodeStats:
+    """The full game's unclipped score: info["reward"] summed until info["terminated"] (all lives lost) or the time
+    limit. The 5-tuple's `terminated` is per life under episodic_life and its reward is clipped, so neither is used."""
+
+    def __init__(self, num_envs: int, window: int = 20):
+        self.score = np.zeros(num_envs)
+        self.returns, self.lengths = deque(maxlen=window), deque(maxlen=window)
+
+    def step(self, info: dict, truncated: np.ndarray):
+        ids = info["env_id"]
+        self.score[ids] += info["reward"]
+        over = np.logical_or(info["terminated"], truncated)
+        self.returns.extend(self.score[ids[over]].tolist())
+        self.lengths.extend(info["elapsed_step"][over].tolist())
+        self.score[ids[over]] = 0.0
+
+    def mean_return(self):
+        return float(np.mean(self.returns)) if self.returns else None
+
+    def mean_length(self):
+        return float(np.mean(self.lengths)) if self.lengths else None
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """The Nature CNN trunk shared by a linear actor and a linear critic."""
+
+    def __init__(self, n_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
+        self.actor = layer_init(nn.Linear(512, n_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1)
+
+    def get_value(self, x):
+        return self.critic(self.network(x / 255.0))
+
+    def get_action_and_value(self, x, action=None):
+        hidden = self.network(x / 255.0)
+        logits = self.actor(hidden)
+        probs = Categorical(logits=logits)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)
+
+
+def machine_info(device: torch.device) -> dict:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
+
+
+class StopFlag:
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
+    a second Ctrl-C stops at once."""
+
+    def __init__(self):
+        self.set = False
+        signal.signal(signal.SIGINT, self.handle)
+        signal.signal(signal.SIGTERM, self.handle)
+
+    def handle(self, signum, frame):
+        if self.set:
+            raise KeyboardInterrupt
+        self.set = True
+        print("\nstopping after this iteration (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr)
+
+
+def save_checkpoint(path: str, payload: dict):
+    tmp = path + ".tmp"
+    torch.save(payload, tmp)
+    os.replace(tmp, path)  # atomic: a crash mid-write never leaves a truncated agent.pt
+
+
+def load_checkpoint(args: Args) -> dict:
+    """Agent, optimizer, RNGs, iteration and step count. envpool cannot snapshot the emulators, so a resumed run
+    restarts its games (with a fresh seed) and loses the games that were in flight."""
+    try:
+        ckpt = torch.load(args.resume, weights_only=True)
+    except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
+        fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
+    for key in ("env_id", "num_envs", "num_steps"):
+        if ckpt["args"][key] != getattr(args, key):
+            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
+    return ckpt
+
+
+def main(args: Args):
+    check_args(args)
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+    script = os.path.basename(__file__)[: -len(".py")]
+    log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
+    os.makedirs(log_dir, exist_ok=True)
+
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.num_threads)
+    rng = np.random.default_rng(args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.cudagraphs and device.type != "cuda":
+        print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
+    elif args.cudagraphs:
+        fail("ppo_atari_envpool.py is the eager baseline; --cudagraphs needs the units of "
+             "leanrl/ppo_atari_envpool_torchcompile.py")
+
+    ckpt = load_checkpoint(args) if args.resume else None
+    envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
+    obs_shape, n_actions = envs.observation_space.shape, envs.action_space.n
+    agent = Agent(n_actions).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    get_action_and_value, get_value = agent.get_action_and_value, agent.get_value
+    if args.compile:
+        get_action_and_value, get_value = torch.compile(get_action_and_value), torch.compile(get_value)
+
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape).to(device)
+    actions = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    rewards = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    dones = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    values = torch.zeros((args.num_steps, args.num_envs)).to(device)
+
+    stats = EpisodeStats(args.num_envs)
+    global_step, start_iteration = 0, 1
+    if ckpt:
+        agent.load_state_dict(ckpt["agent"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        rng.bit_generator.state = ckpt["np_rng"]
+        stats.returns.extend(ckpt["returns"].tolist())
+        stats.lengths.extend(ckpt["lengths"].tolist())
+        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
+    next_obs, _ = envs.reset()
+    next_obs = torch.Tensor(next_obs).to(device)
+    next_done = torch.zeros(args.num_envs).to(device)
+
+    def checkpoint(iteration):
+        save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
+            agent=agent.state_dict(), optimizer=optimizer.state_dict(), args=asdict(args), iteration=iteration,
+            global_step=global_step, torch_rng=torch.get_rng_state(), np_rng=rng.bit_generator.state,
+            returns=torch.tensor(list(stats.returns), dtype=torch.float64),
+            lengths=torch.tensor(list(stats.lengths), dtype=torch.float64)))
+
+    run = None
+    if args.track:
+        import wandb
+
+        run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
+                         name=os.path.basename(log_dir), dir=log_dir, save_code=True)
+    metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
+    stop = StopFlag()
+    bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
+    iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
+    try:
+        for iteration in range(start_iteration, args.num_iterations + 1):
+            t_iter = time.perf_counter()
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            t_env = t_policy = 0.0
+            for step in range(0, args.num_steps):
+                global_step += args.num_envs
+                obs[step] = next_obs
+                dones[step] = next_done
+
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    action, logprob, _, value = get_action_and_value(next_obs)
+                    values[step] = value.flatten()
+                actions[step] = action
+                logprobs[step] = logprob
+                t1 = time.perf_counter()
+                next_obs, reward, terminations, truncations, info = envs.step(action.cpu().numpy())
+                t_env += time.perf_counter() - t1
+                t_policy += t1 - t0
+                next_done = np.logical_or(terminations, truncations)
+                rewards[step] = torch.tensor(reward).to(device).view(-1)
+                stats.step(info, truncations)
+                next_obs, next_done = torch.Tensor(next_obs).to(device), torch.Tensor(next_done).to(device)
+            t_rollout = time.perf_counter() - t_iter
+
+            # bootstrap value if not done
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                next_value = get_value(next_obs).reshape(1, -1)
+                advantages = torch.zeros_like(rewards).to(device)
+                lastgaelam = 0
+                for t in reversed(range(args.num_steps)):
+                    if t == args.num_steps - 1:
+                        nextnonterminal = 1.0 - next_done
+                        nextvalues = next_value
+                    else:
+                        nextnonterminal = 1.0 - dones[t + 1]
+                        nextvalues = values[t + 1]
+                    delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
+                    advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+                returns = advantages + values
+            t_gae = time.perf_counter() - t0
+
+            # flatten the batch
+            t0 = time.perf_counter()
+            b_obs = obs.reshape((-1,) + obs_shape)
+            b_logprobs = logprobs.reshape(-1)
+            b_actions = actions.reshape(-1)
+            b_advantages = advantages.reshape(-1)
+            b_returns = returns.reshape(-1)
+            b_values = values.reshape(-1)
+
+            # Optimizing the policy and value network
+            b_inds = np.arange(args.batch_size)
+            losses = []
+            for epoch in range(args.update_epochs):
+                rng.shuffle(b_inds)
+                for start_mb in range(0, args.batch_size, args.minibatch_size):
+                    mb_inds = b_inds[start_mb:start_mb + args.minibatch_size]
+
+                    _, newlogprob, entropy, newvalue = get_action_and_value(b_obs[mb_inds], b_actions.long()[mb_inds])
+                    logratio = newlogprob - b_logprobs[mb_inds]
+                    ratio = logratio.exp()
+
+                    with torch.no_grad():
+                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+                    mb_advantages = b_advantages[mb_inds]
+                    if args.norm_adv:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                    # Policy loss
+                    pg_loss1 = -mb_advantages * ratio
+                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                    # Value loss
+                    newvalue = newvalue.view(-1)
+                    if args.clip_vloss:
+                        v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                        v_clipped = b_values[mb_inds] + torch.clamp(
+                            newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef)
+                        v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
+
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    losses.append([approx_kl.item(), clipfrac.item(), pg_loss.item(), v_loss.item(), entropy_loss.item()])
+
+                if args.target_kl is not None and approx_kl > args.target_kl:
+                    break
+            t_update = time.perf_counter() - t0
+
+            # steady-state fps: whole iterations after the burn-in
+            now = time.perf_counter()
+            iter_times.append(now - t_iter)
+            if iteration - start_iteration + 1 == args.measure_burnin:
+                measure_from = (now, global_step)
+            fps = None
+            if measure_from and global_step > measure_from[1]:
+                fps = (global_step - measure_from[1]) / (now - measure_from[0])
+            row = dict(iteration=iteration, global_step=global_step, fps=fps, episodic_return=stats.mean_return(),
+                       episodic_length=stats.mean_length(), t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
+                       t_gae=t_gae, t_update=t_update, lr=optimizer.param_groups[0]["lr"],
+                       **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy"), np.mean(losses, 0).tolist())))
+            metrics.write(json.dumps(row) + "\n")
+            if run:
+                run.log(row, step=global_step)
+            bar.update(args.batch_size)
+            bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
+            if stop.set:
+                break
+    except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
+        stop.set = forced = True
+    finally:
+        bar.close()
+        metrics.close()
+        envs.close()
+    if args.save_model and not forced and iteration >= start_iteration:
+        checkpoint(iteration)
+
+    steady = iter_times[args.measure_burnin:]
+    summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
+                   num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
+                   wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
+                   final_return=stats.mean_return(),
+                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
+                   interrupted=stop.set)
+    with open(os.path.join(log_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if run:
+        run.summary.update(summary)
+        run.finish()
+    print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
+          f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
+    if stop.set:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main(parse_args())

@@ -1,0 +1,199 @@
+"""PPO Atari (envpool): smoke runs of both scripts, the game-score statistics, compiled-vs-eager update, bad input.
+
+Compiling the Nature CNN costs tens of seconds per process, so each script runs with --compile once, and the
+runs are shared by the assertions through module-scoped fixtures.
+"""
+
+import copy
+import sys
+from operator import attrgetter
+
+import envpool
+import numpy as np
+import pytest
+import torch
+
+from conftest import SMOKE, assert_user_error, load_script, read_metrics, read_summary, run_script
+
+SCRIPTS = ("ppo_atari_envpool.py", "ppo_atari_envpool_torchcompile.py")
+ROW_FIELDS = ("iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
+              "t_update", "lr", "approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
+SUMMARY_FIELDS = ("script", "env_id", "seed", "flags", "device", "torch", "cpu", "gpu", "num_threads",
+                  "total_timesteps", "wall_time", "fps", "final_return", "compile_time")
+# (script, extra flags): plain with --cudagraphs (ignored on CPU) and --save-model, then --compile
+RUNS = [(s, flags) for s in SCRIPTS for flags in (("--cudagraphs", "--save-model"), ("--compile",))]
+
+
+@pytest.fixture(scope="module")
+def tc():
+    """The torchcompile script as a module, registered under its name: torch.compile looks its globals up there."""
+    module = load_script("ppo_atari_envpool_torchcompile")
+    sys.modules[module.__name__] = module
+    yield module
+    del sys.modules[module.__name__]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """Every run in RUNS, once: {(script, flags): (CompletedProcess, log_dir)}."""
+    out = {}
+    for script, flags in RUNS:
+        log_dir = tmp_path_factory.mktemp("smoke") / "run"
+        out[script, flags] = run_script(script, *SMOKE, "--num-threads", "1", *flags, log_dir=log_dir), log_dir
+    return out
+
+
+@pytest.mark.parametrize("script,flags", RUNS, ids=[f"{s[:-3]}{''.join(f)}" for s, f in RUNS])
+def test_smoke_writes_logs(smoke, script, flags):
+    proc, log_dir = smoke[script, flags]
+    rows = read_metrics(log_dir)
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4]  # 256 steps / (1 env x 64 steps)
+    assert [r["global_step"] for r in rows] == [64, 128, 192, 256]
+    for row in rows:
+        assert set(ROW_FIELDS) <= set(row), set(ROW_FIELDS) - set(row)
+        assert all(np.isfinite(row[k]) for k in ("pg_loss", "v_loss", "entropy", "approx_kl", "t_update"))
+        assert 0 < row["entropy"] <= np.log(4) + 1e-5  # Breakout has 4 actions
+    assert rows[0]["fps"] is None and rows[-1]["fps"] > 0  # fps counts only after the 3 burn-in iterations
+    assert rows[0]["lr"] == pytest.approx(2.5e-4) and rows[-1]["lr"] == pytest.approx(2.5e-4 / 4)  # annealed
+    summary = read_summary(log_dir)
+    assert set(SUMMARY_FIELDS) <= set(summary), set(SUMMARY_FIELDS) - set(summary)
+    assert summary["script"] == script[:-3] and summary["env_id"] == "Breakout-v5"
+    assert summary["num_threads"] == 1 and summary["global_step"] == 256
+    assert (summary["compile_time"] is not None) == ("--compile" in flags)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_cudagraphs_without_cuda_is_ignored_with_one_line(smoke, script):
+    proc, _ = smoke[script, ("--cudagraphs", "--save-model")]
+    said = [ln for ln in proc.stderr.splitlines() if "--cudagraphs" in ln]
+    assert len(said) == 1 and "ignored" in said[0], proc.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_resume_continues_from_the_checkpoint(smoke, script, tmp_path):
+    _, first = smoke[script, ("--cudagraphs", "--save-model")]
+    ckpt = torch.load(first / "agent.pt", weights_only=True)
+    assert ckpt["iteration"] == 4 and ckpt["global_step"] == 256
+    run_script(script, "--num-envs", "1", "--num-steps", "64", "--total-timesteps", "384", "--num-threads", "1",
+               "--resume", str(first / "agent.pt"), log_dir=tmp_path)
+    rows = read_metrics(tmp_path)
+    assert [r["iteration"] for r in rows] == [5, 6] and rows[-1]["global_step"] == 384
+
+
+def test_inference_copy_shares_storage_and_needs_no_grad(tc):
+    agent = tc.Agent(4)
+    twin = tc.inference_copy(agent)
+    pairs = [(p, attrgetter(name)(twin)) for name, p in agent.named_parameters()]
+    assert len(pairs) == 12  # 3 convs, the 3136x512 layer, actor and critic: weight and bias each
+    for p, q in pairs:
+        assert p.requires_grad and not q.requires_grad
+        assert p.data_ptr() == q.data_ptr()
+    with torch.no_grad():  # an optimizer step on the agent is seen by the copy, with no copying
+        agent.critic.bias.add_(1.0)
+    assert torch.equal(twin.critic.bias, agent.critic.bias)
+    obs = torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)
+    assert not any(t.requires_grad for t in tc.policy(twin, obs))
+
+
+def test_episode_stats_hand_built_sequence(tc):
+    """Two envs coming back in either order (as envpool's async recv returns them): per-life terminations must not
+    end a game, only info["terminated"] (lives exhausted) or the time limit does, and the score is unclipped."""
+    stats = tc.EpisodeStats(num_envs=2)
+    steps = [  # env_id, reward (unclipped), info terminated (game over), truncated, elapsed_step
+        ([0, 1], [1.0, 7.0], [False, False], [False, False], [1, 1]),
+        ([1, 0], [4.0, 0.0], [False, False], [False, False], [2, 2]),  # a lost life shows only in the 5-tuple
+        ([0, 1], [4.0, 1.0], [True, False], [False, False], [3, 3]),  # env 0: game over, 1 + 0 + 4
+        ([1, 0], [0.0, 7.0], [False, False], [True, False], [4, 1]),  # env 1: time limit, 7 + 4 + 1 + 0
+        ([0, 1], [1.0, 1.0], [True, True], [False, False], [2, 1]),  # env 0: 7 + 1; env 1: a fresh 1-step game
+    ]
+    for ids, reward, terminated, truncated, elapsed in steps:
+        info = dict(env_id=np.array(ids), reward=np.array(reward), terminated=np.array(terminated),
+                    elapsed_step=np.array(elapsed))
+        stats.step(info, np.array(truncated))
+    assert list(stats.returns) == [5.0, 12.0, 8.0, 1.0]
+    assert list(stats.lengths) == [3, 4, 2, 1]
+    assert stats.mean_return() == pytest.approx(6.5)
+
+
+@pytest.mark.parametrize("name", ["ppo_atari_envpool", "ppo_atari_envpool_torchcompile"])
+def test_episode_return_is_the_full_unclipped_game_score(name):
+    """The scripts' envs and EpisodeStats, stepped with a fixed action sequence, against an independent count: a twin
+    envpool instance without reward clipping, same seed and actions (so the same frames), whose 5-tuple rewards are
+    summed until its lives reach 0."""
+    module = load_script(name)
+    args = module.Args(num_envs=2)
+    envs, twin = module.make_envs(args, seed=7), envpool.make("Breakout-v5", env_type="gym", num_envs=2,
+                                                              episodic_life=True, reward_clip=False, seed=7)
+    stats = module.EpisodeStats(args.num_envs, window=1000)
+    obs, _ = envs.reset()
+    twin_obs, _ = twin.reset()
+    score, expected, clipped_seen = np.zeros(2), [], set()
+    actions = np.random.default_rng(0).integers(0, 4, size=(3000, 2))  # FIRE is 1 in 4: lives go fast
+    for a in actions:
+        obs, reward, terminated, truncated, info = envs.step(a)
+        twin_obs, twin_reward, _, twin_truncated, twin_info = twin.step(a)
+        assert np.array_equal(obs, twin_obs)  # same game, frame for frame
+        stats.step(info, truncated)
+        clipped_seen.update(reward.tolist())
+        score += twin_reward
+        for i in np.flatnonzero((twin_info["lives"] == 0) | twin_truncated):
+            expected.append(score[i])
+            score[i] = 0.0
+    assert len(expected) >= 5, "the action sequence must finish several games"
+    assert list(stats.returns) == expected
+    assert clipped_seen <= {0.0, 1.0}  # the training reward is clipped; the logged score is not
+    assert max(expected) > 0
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_compiled_update_matches_eager(tc, bf16):
+    """One minibatch step of `update`, eager and under torch.compile, from the same agent and data.
+    Tolerances: in fp32 inductor only reorders sums (fused kernels), ~1e-6 relative on losses and gradients
+    (measured: 3e-7 of the gradient norm). Under bf16 autocast each conv/linear output is rounded to 8 mantissa bits
+    (2^-8 = 0.4%) and eager and inductor may round at different points, so losses get 1e-2 relative and gradients
+    are compared by direction (cosine) and norm (measured here: both paths use the same oneDNN kernels and agree to
+    1e-8). Adam's first step moves each parameter by lr * g / (|g| + eps), at most lr, and is sensitive to gradient
+    error only where |g| ~ eps: parameters must agree within 1% of lr in fp32 (measured 0.04%), 5% in bf16."""
+    torch.manual_seed(0)
+    args = tc.Args()
+    n = 64
+    data = (torch.randint(0, 256, (n, 4, 84, 84), dtype=torch.uint8), torch.randint(0, 4, (n,)),
+            torch.randn(n) * 0.1 - 1.4, torch.randn(n), torch.randn(n), torch.randn(n))
+    results = []
+    for compiled in (False, True):
+        torch.manual_seed(1)
+        agent = tc.Agent(4, bf16=bf16)
+        optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(args.learning_rate), eps=1e-5)
+        before = copy.deepcopy(agent.state_dict())
+        step = lambda *d: tc.update(agent, optimizer, args, *d)  # noqa: E731
+        stats = (torch.compile(step) if compiled else step)(*data)
+        grads = torch.cat([p.grad.flatten() for p in agent.parameters()])
+        results.append((before, stats, grads, agent.state_dict()))
+    (before_e, stats_e, grads_e, after_e), (before_c, stats_c, grads_c, after_c) = results
+    for k in before_e:
+        assert torch.equal(before_e[k], before_c[k])
+    assert not torch.equal(after_e["critic.weight"], before_e["critic.weight"])  # the step happened
+    if bf16:
+        torch.testing.assert_close(stats_c, stats_e, rtol=1e-2, atol=1e-4)
+        assert torch.nn.functional.cosine_similarity(grads_c, grads_e, dim=0) > 0.999
+        assert grads_c.norm() == pytest.approx(grads_e.norm().item(), rel=1e-2)
+    else:
+        torch.testing.assert_close(stats_c, stats_e, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grads_c, grads_e, rtol=1e-4, atol=1e-6)
+    for k in after_e:
+        torch.testing.assert_close(after_c[k], after_e[k], rtol=0, atol=(0.05 if bf16 else 0.01) * args.learning_rate)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("env_id,right", [("CartPole-v1", "ppo"), ("HalfCheetah-v4", "ppo_continuous_action")])
+def test_wrong_family_names_the_right_script(script, env_id, right, log_dir):
+    proc = run_script(script, "--env-id", env_id, *SMOKE, log_dir=log_dir, check=False)
+    suffix = "_torchcompile.py" if "torchcompile" in script else ".py"
+    assert_user_error(proc, env_id, f"leanrl/{right}{suffix}")
+    assert not log_dir.exists()  # nothing ran
+
+
+def test_unknown_env_id(log_dir):
+    proc = run_script("ppo_atari_envpool_torchcompile.py", "--env-id", "Breakout-v99", *SMOKE, log_dir=log_dir,
+                      check=False)
+    assert_user_error(proc, "unknown env id", "Breakout-v5")
