@@ -243,13 +243,11 @@ class Agent(nn.Module):
     def get_value(self, x):
         return self.critic(x).squeeze(-1)
 
-    def act(self, x):
-        """One rollout step: a sampled action and its log-probability. Acting needs no value: the rollout's
-        values come from one batched critic call afterwards (same parameters, so the same numbers)."""
-        logits = self.actor(x)
-        gumbel = -torch.empty_like(logits).exponential_().log()  # -log(Exp(1)) is Gumbel(0, 1)
-        action = (logits + gumbel).argmax(-1)
-        return action, logits.log_softmax(-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
+    def act(self, x, gumbel):
+        """One rollout step: an action sampled by the Gumbel-max trick, argmax(logits + Gumbel noise), which is
+        exact Categorical sampling. Acting needs nothing else: the rollout's log-probabilities and values come
+        from one batched forward afterwards (same parameters, so the same numbers)."""
+        return (self.actor(x) + gumbel).argmax(-1)
 
     def forward(self, x, action):
         """Log-probability and entropy of `action`, and the state value: what the loss needs."""
@@ -258,20 +256,20 @@ class Agent(nn.Module):
         return logp.gather(-1, action.unsqueeze(-1)).squeeze(-1), entropy, self.critic(x).squeeze(-1)
 
 
-def rollout(envs, policy, next_obs, next_done, buf, episodes):
+def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int):
     """num_steps steps of every env into `buf`; returns the last obs/done (numpy) and the time split.
-    The env's outputs are staged in numpy and the policy's in lists, and each reaches `buf` in one copy per
-    iteration: per step that is a few numpy writes instead of eight tensor ops."""
+    The env's outputs are staged in numpy and the actions in a list, and each reaches `buf` in one copy per
+    iteration: per step that is a few numpy writes instead of several tensor ops."""
     num_steps, device = buf["obs"].shape[0], buf["obs"].device
     obs, dones, rewards = np.empty((num_steps,) + next_obs.shape, np.float32), np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
-    actions, logprobs = [], []
+    gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_().log()  # one draw per rollout
+    actions = []
     t_env = t_policy = 0.0
     for step in range(num_steps):
         obs[step], dones[step] = next_obs, next_done
         t0 = time.perf_counter()
-        action, logprob = policy(torch.from_numpy(next_obs).to(device, non_blocking=True))
+        action = policy(torch.from_numpy(next_obs).to(device, non_blocking=True), gumbel[step])
         actions.append(action)
-        logprobs.append(logprob)
         t1 = time.perf_counter()
         next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
         t_env += time.perf_counter() - t1
@@ -281,8 +279,7 @@ def rollout(envs, policy, next_obs, next_done, buf, episodes):
         episodes.record(reward, next_done)
     for key, x in (("obs", obs), ("dones", dones), ("rewards", rewards)):
         buf[key].copy_(torch.from_numpy(x), non_blocking=True)
-    for key, x in (("actions", actions), ("logprobs", logprobs)):
-        torch.stack(x, out=buf[key])
+    torch.stack(actions, out=buf["actions"])
     return next_obs, next_done, t_env, t_policy
 
 
@@ -439,20 +436,26 @@ def main(args: Args):
     optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
 
     policy = agent_inference.act
+    evaluate = agent_inference.forward
     get_value = agent_inference.get_value
     gae_fn = gae
     update_fn = functools.partial(update, agent, optimizer, lr, args)
     if args.compile:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
-        # and inductor's own GEMMs where they beat a library call (max_autotune), cut a policy step from ~60 to
-        # ~45 us and a minibatch update from ~290 to ~245 us on this CPU
+        # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
+        # to ~245 us on a CPU
         opts = dict(cpp_wrapper=True, max_autotune=True)
-        policy = torch.compile(policy, options=opts)
+        if device.type == "cuda":
+            # on a CPU the policy step stays eager: compiled it is faster alone (29 vs 34 us) but slower in the
+            # rollout, where it and the env evict each other from the caches (93 vs 83 us per env+policy step)
+            policy = torch.compile(policy, options=opts)
+        evaluate = torch.compile(evaluate, options=opts)
         get_value = torch.compile(get_value, options=opts)
         gae_fn = torch.compile(gae_fn, fullgraph=True)
         update_fn = torch.compile(update_fn, options=opts)
     if args.cudagraphs:
         policy = CudaGraphModule(policy)
+        evaluate = CudaGraphModule(evaluate)
         get_value = CudaGraphModule(get_value)
         gae_fn = CudaGraphModule(gae_fn)
         update_fn = CudaGraphModule(update_fn)
@@ -497,15 +500,16 @@ def main(args: Args):
             if args.anneal_lr:
                 lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
 
-            next_obs, next_done, t_env, t_policy = rollout(envs, policy, next_obs, next_done, buf, episodes)
+            next_obs, next_done, t_env, t_policy = rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions)
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
 
             t0 = time.perf_counter()
             last_obs, last_done = torch.from_numpy(next_obs).to(device), torch.from_numpy(next_done).to(device).float()
-            values = get_value(torch.cat([buf["obs"], last_obs.unsqueeze(0)]))  # V(s_0) .. V(s_T), one call
-            buf["values"].copy_(values[:-1])
-            advantages, returns = gae_fn(values[-1], last_done, buf["rewards"], buf["dones"], buf["values"],
+            logprobs, _, values = evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
+            buf["logprobs"].copy_(logprobs)
+            buf["values"].copy_(values)
+            advantages, returns = gae_fn(get_value(last_obs), last_done, buf["rewards"], buf["dones"], buf["values"],
                                          args.gamma, args.gae_lambda)
             t_gae = time.perf_counter() - t0
 

@@ -129,6 +129,20 @@ def test_compiled_update_matches_eager(tc):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
 
 
+def test_gumbel_max_sampling_matches_categorical(tc):
+    """act() samples argmax(logits + Gumbel noise): its action frequencies are the softmax probabilities."""
+    torch.manual_seed(0)
+    agent = tc.Agent(4, 3)
+    with torch.no_grad():
+        agent.actor[4].bias.copy_(torch.tensor([1.0, 0.0, -1.0]))
+    n = 200_000
+    x = torch.zeros(n, 4)
+    actions = agent.act(x, -torch.empty(n, 3).exponential_().log())
+    freq = torch.bincount(actions, minlength=3) / n
+    expected = agent.actor(x[:1]).softmax(-1)[0].detach()
+    torch.testing.assert_close(freq, expected, rtol=0, atol=0.005)  # ~5 standard errors at n=200k
+
+
 def test_inference_copy_shares_storage_without_grad(tc):
     agent, agent_inference = tc.Agent(4, 2), tc.Agent(4, 2)
     tc.from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
