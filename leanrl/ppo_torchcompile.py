@@ -4,13 +4,15 @@ The algorithm, network and defaults of ppo.py (CleanRL's), cut LeanRL-style into
 CUDA graphs can wrap: `policy` (one rollout step), `gae`, and `update` (one minibatch, optimizer step inside).
 On a CPU a 64-unit MLP costs less than the machinery around it, so the tricks here remove machinery:
 
+- a rollout step only samples: argmax(logits + Gumbel noise) is exact Categorical sampling, without a
+  Distribution object; the rollout's log-probabilities and values come from one batched forward afterwards;
 - the rollout policy is an inference copy of the agent sharing its storage, without autograd;
-- actions are sampled by the Gumbel-max trick (argmax(logits + Gumbel noise)): exact Categorical sampling
-  in three fusable ops instead of a Distribution object;
+- the env's outputs are staged in numpy and reach the buffers in one copy per iteration;
 - `update` takes its gradients with torch.func.grad and applies torch.optim's own functional Adam, so that
   torch.compile turns forward, backward, clipping and the Adam step into one graph: one entry per minibatch
   instead of four (forward, autograd backward, clip, optimizer.step, which forces a graph break);
-- lr is a tensor changed in place (no recompilation), buffers are preallocated, nothing syncs in the loop.
+- lr is a tensor changed in place (no recompilation), and once everything has compiled the guards are skipped.
+doc/classic_control.md has the measurements behind each of these.
 
     python leanrl/ppo_torchcompile.py --compile               # CPU or GPU
     python leanrl/ppo_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the three units
