@@ -263,7 +263,8 @@ def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int):
     The env's outputs are staged in numpy and the actions in a list, and each reaches `buf` in one copy per
     iteration: per step that is a few numpy writes instead of several tensor ops."""
     num_steps, device = buf["obs"].shape[0], buf["obs"].device
-    obs, dones, rewards = np.empty((num_steps,) + next_obs.shape, np.float32), np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
+    obs = np.empty((num_steps,) + next_obs.shape, np.float32)
+    dones, rewards = np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
     gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_().log()  # one draw per rollout
     actions = []
     t_env = t_policy = 0.0
@@ -318,7 +319,9 @@ def ppo_loss(params, agent, args, obs, actions, logprobs, advantages, returns, v
 
 
 def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, returns, values, inds):
-    """One minibatch step. Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm]."""
+    """One minibatch step. Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm].
+    Gradients from torch.func.grad and the step from torch.optim's functional Adam, on the optimizer's own state:
+    compiled, this whole function is one graph (loss.backward() and optimizer.step() would each break it)."""
     params = {name: p.detach() for name, p in agent.named_parameters()}
     grads, stats = torch.func.grad(ppo_loss, has_aux=True)(
         params, agent, args, obs[inds], actions[inds], logprobs[inds], advantages[inds], returns[inds], values[inds])

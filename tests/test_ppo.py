@@ -40,6 +40,15 @@ def test_smoke(script, flag, log_dir):
         assert "--cudagraphs ignored" in proc.stderr
 
 
+def test_track_logs_to_wandb(monkeypatch, log_dir):
+    """--track: the run goes to Weights and Biases (offline here: CI has no account), the same rows as metrics.jsonl."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run_script("ppo_torchcompile.py", *SMOKE, "--track", log_dir=log_dir)
+    runs = list((log_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+    assert len(read_metrics(log_dir)) == 4
+
+
 def numpy_gae(rewards, dones, values, next_value, next_done, gamma, lam):
     """Textbook GAE, written independently of the scripts: A_t = sum_k (gamma*lam)^k delta_{t+k}, cut at episode ends."""
     T, N = rewards.shape
