@@ -32,8 +32,10 @@ for seed in 1 2 3; do
     run 11-ppo_atari_envpool "$seed" leanrl/ppo_atari_envpool.py --total-timesteps "$steps"
     run 12-ppo_atari_envpool_torchcompile "$seed" leanrl/ppo_atari_envpool_torchcompile.py --total-timesteps "$steps"
     run 13-ppo_atari_envpool_torchcompile--compile "$seed" leanrl/ppo_atari_envpool_torchcompile.py --compile --total-timesteps "$steps"
+    run 14-ppo_atari_envpool_torchcompile--bf16 "$seed" leanrl/ppo_atari_envpool_torchcompile.py --bf16 --total-timesteps "$steps"
+    run 15-ppo_atari_envpool_torchcompile--compile--bf16 "$seed" leanrl/ppo_atari_envpool_torchcompile.py --compile --bf16 --total-timesteps "$steps"
     if [ "$CUDA" = 1 ]; then
-      run 14-ppo_atari_envpool_torchcompile--compile--cudagraphs "$seed" leanrl/ppo_atari_envpool_torchcompile.py --compile --cudagraphs --total-timesteps "$steps"
+      run 16-ppo_atari_envpool_torchcompile--compile--cudagraphs "$seed" leanrl/ppo_atari_envpool_torchcompile.py --compile --cudagraphs --total-timesteps "$steps"
     fi
   fi
 done

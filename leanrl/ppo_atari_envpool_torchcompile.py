@@ -3,10 +3,12 @@
 The algorithm, network and defaults of `ppo_atari_envpool.py`, with the work split into plain functions that the
 compilers can take whole: `policy` (one forward for all envs), `gae`, and `update` (one minibatch: forward,
 backward, gradient clipping and the Adam step). `--compile` wraps them in torch.compile, `--cudagraphs` (CUDA only)
-in tensordict's CudaGraphModule. On a CPU with native bfloat16 (AVX512-BF16/AMX) the CNN trunk runs under bf16
-autocast, which halves the update's cost; the losses, log-prob ratios and value targets stay in fp32.
+in tensordict's CudaGraphModule. Observations are stored as uint8. `--bf16` runs the CNN trunk under bf16
+autocast where the hardware has native bfloat16 (AVX512-BF16/AMX CPUs): the update's cost halves, the losses,
+log-prob ratios and value targets stay fp32; it is opt-in because on Breakout it learned slower (doc/atari.md).
 
-    python leanrl/ppo_atari_envpool_torchcompile.py --compile                 # CPU: the fastest setting
+    python leanrl/ppo_atari_envpool_torchcompile.py --compile                 # CPU or GPU
+    python leanrl/ppo_atari_envpool_torchcompile.py --compile --bf16          # faster; see doc/atari.md on learning
     python leanrl/ppo_atari_envpool_torchcompile.py --compile --cudagraphs    # GPU
 """
 
@@ -91,8 +93,9 @@ class Args:
     """if toggled, wrap policy, gae and update in torch.compile"""
     cudagraphs: bool = False
     """if toggled, wrap policy, gae and update in tensordict's CudaGraphModule (CUDA only; ignored on CPU)"""
-    bf16: bool = True
-    """run the CNN trunk under bfloat16 autocast where the hardware has native bf16 (AVX512-BF16/AMX CPUs, CUDA)"""
+    bf16: bool = False
+    """run the CNN trunk under bfloat16 autocast where the hardware has native bf16 (AVX512-BF16/AMX CPUs, CUDA):
+    ~1.4x faster on a 2-core CPU, but on Breakout it learned slower at 200k steps (doc/atari.md), so it is opt-in"""
     measure_burnin: int = 3
     """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
     log_dir: Optional[str] = None
