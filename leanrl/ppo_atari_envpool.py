@@ -440,8 +440,9 @@ def main(args: Args):
             fps = None
             if measure_from and global_step > measure_from[1]:
                 fps = (global_step - measure_from[1]) / (now - measure_from[0])
-            row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps, episodic_return=stats.mean_return(),
-                       episodic_length=stats.mean_length(), t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
+            row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
+                       episodic_return=stats.mean_return(), episodic_length=stats.mean_length(),
+                       t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
                        t_gae=t_gae, t_update=t_update, lr=optimizer.param_groups[0]["lr"],
                        **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy"), np.mean(losses, 0).tolist())))
             metrics.write(json.dumps(row) + "\n")

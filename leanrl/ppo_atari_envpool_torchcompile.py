@@ -95,7 +95,7 @@ class Args:
     """if toggled, wrap policy, gae and update in tensordict's CudaGraphModule (CUDA only; ignored on CPU)"""
     bf16: bool = False
     """run the CNN trunk under bfloat16 autocast where the hardware has native bf16 (AVX512-BF16/AMX CPUs, CUDA):
-    ~1.4x faster on a 2-core CPU, but on Breakout it learned slower at 200k steps (doc/atari.md), so it is opt-in"""
+    ~1.5x faster on a 2-core CPU, but on Breakout it learned slower at 200k steps (doc/atari.md), so it is opt-in"""
     measure_burnin: int = 3
     """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
     log_dir: Optional[str] = None
@@ -474,8 +474,9 @@ def main(args: Args):
             fps = None
             if measure_from and global_step > measure_from[1]:
                 fps = (global_step - measure_from[1]) / (now - measure_from[0])
-            row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps, episodic_return=stats.mean_return(),
-                       episodic_length=stats.mean_length(), t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
+            row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
+                       episodic_return=stats.mean_return(), episodic_length=stats.mean_length(),
+                       t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
                        t_gae=t_gae, t_update=t_update, lr=optimizer.param_groups[0]["lr"].item(),
                        **dict(zip(STAT_NAMES, losses)))
             metrics.write(json.dumps(row) + "\n")

@@ -519,7 +519,8 @@ def main(args: Args):
             t_gae = time.perf_counter() - t0
 
             t0 = time.perf_counter()
-            batch = [x.flatten(0, 1) for x in (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])]
+            batch = [x.flatten(0, 1) for x in
+                     (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])]
             n = 0
             for epoch in range(args.update_epochs):
                 perm = torch.randperm(args.batch_size, device=device).view(args.num_minibatches, -1)
@@ -537,8 +538,9 @@ def main(args: Args):
                 measure_from = (now, global_step)
             if measure_from and global_step > measure_from[1]:
                 fps = (global_step - measure_from[1]) / (now - measure_from[0])
-            row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps, episodic_return=episodes.mean(),
-                       t_rollout=t_rollout, t_env=t_env, t_policy=t_policy, t_gae=t_gae, t_update=t_update, lr=lr.item(),
+            row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
+                       episodic_return=episodes.mean(), t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
+                       t_gae=t_gae, t_update=t_update, lr=lr.item(),
                        **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"),
                                   stats[:n].mean(0).tolist())))  # the one host sync of the iteration
             metrics.write(json.dumps(row) + "\n")

@@ -89,6 +89,13 @@ def make_update_state(tc, seed):
     return agent, tc.make_optimizer(agent, lr, capturable=False), lr
 
 
+def random_batch(n):
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g),
+            -torch.rand(n, generator=g), torch.randn(n, generator=g), torch.randn(n, generator=g),
+            torch.randn(n, generator=g)]
+
+
 def test_update_matches_eager_autograd_step(tc):
     """The func.grad + functional-Adam `update` equals the plain loss.backward(); clip; Adam.step() of ppo.py."""
     args = tc.Args()
@@ -108,13 +115,6 @@ def test_update_matches_eager_autograd_step(tc):
         torch.testing.assert_close(stats[:5], ref_stats, rtol=1e-5, atol=1e-6)
     for p, q in zip(agent.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
-
-
-def random_batch(n):
-    g = torch.Generator().manual_seed(1)
-    return [torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g),
-            -torch.rand(n, generator=g), torch.randn(n, generator=g), torch.randn(n, generator=g),
-            torch.randn(n, generator=g)]
 
 
 def test_compiled_update_matches_eager(tc):
