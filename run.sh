@@ -1,42 +1,73 @@
 #!/usr/bin/env bash
-# The sweep behind doc/fps.md: every configuration of a family, seeds 1..3, interleaved seed by seed so that
-# drift on the machine hits all configurations alike; then the table and plots.
-#   bash run.sh            # classic control and Atari
-#   bash run.sh classic    # or: atari
-# ATARI_STEPS (default 200000) sets the Atari budget; OUT (default runs/bench) where the runs go.
+# The sweep behind doc/fps_table.md: every training script with its flag combinations, seeds interleaved so that
+# drift on the machine hits all configurations alike, then the table and the plots (leanrl/report.py).
+#   bash run.sh                  # all families: classic, atari, mujoco
+#   bash run.sh classic atari    # some of them
+# Budgets (steps per run): CLASSIC_STEPS (default 200000), ATARI_STEPS (10240), MUJOCO_STEPS (20480): the whole
+# default sweep takes about half an hour on 2 CPU cores. FULL=1: the published budgets (500k, 10M, 1M).
+# SMOKE=1: every configuration once with the tiny smoke budget, table into $OUT/doc (what CI runs).
+# SEEDS (default "21 31 41"), OUT (default runs/bench, or runs/smoke), DOC (default doc, or $OUT/doc with SMOKE).
+# Re-running resumes: a run with a summary.json is not repeated. What this machine cannot run is skipped, saying so.
 set -euo pipefail
 cd "$(dirname "$0")"
-OUT=${OUT:-runs/bench}
-FAMILY=${1:-all}
-CUDA=$(python -c "import torch; print(int(torch.cuda.is_available()))")
+FAMILIES=${*:-classic atari mujoco}
+for f in $FAMILIES; do
+  case $f in classic|atari|mujoco) ;; *) echo "error: unknown family '$f' (classic, atari or mujoco)" >&2; exit 2 ;; esac
+done
+if [ "${SMOKE:-0}" = 1 ]; then
+  OUT=${OUT:-runs/smoke}; DOC=${DOC:-$OUT/doc}; SEEDS=${SEEDS:-1}
+  budget() { echo --num-envs 1 --num-steps 64 --total-timesteps 256; }
+elif [ "${FULL:-0}" = 1 ]; then
+  budget() { echo --total-timesteps "$(case $1 in classic) echo 500000;; atari) echo 10000000;; mujoco) echo 1000000;; esac)"; }
+else
+  budget() { echo --total-timesteps "$(case $1 in classic) echo "${CLASSIC_STEPS:-200000}";; atari) echo "${ATARI_STEPS:-10240}";; mujoco) echo "${MUJOCO_STEPS:-20480}";; esac)"; }
+fi
+OUT=${OUT:-runs/bench}; DOC=${DOC:-doc}; SEEDS=${SEEDS:-21 31 41}
+read -r CUDA BF16 CORES < <(python -c "import os, torch
+print(int(torch.cuda.is_available()), int(torch.ops.mkldnn._is_mkldnn_bf16_supported()), os.cpu_count())")
 
-run() {  # run NN-config script flags...: seeds 1..3, skipping runs already done
-  local name=$1 seed=$2; shift 2
-  [ -f "$OUT/$name/$seed/summary.json" ] && return
-  rm -rf "$OUT/$name/$seed"
-  echo "== $name seed $seed" >&2
-  python "$@" --seed "$seed" --log-dir "$OUT/$name/$seed"
+skip() {  # skip family config reason: the report shows the configuration as skipped, with the reason
+  mkdir -p "$OUT/$1/$2"; echo "$3" > "$OUT/$1/$2/SKIPPED"; echo "== skip $1/$2: $3" >&2
 }
 
-for seed in 1 2 3; do
-  if [ "$FAMILY" != atari ]; then
-    run 01-ppo "$seed" leanrl/ppo.py
-    run 02-ppo_torchcompile "$seed" leanrl/ppo_torchcompile.py
-    run 03-ppo_torchcompile--compile "$seed" leanrl/ppo_torchcompile.py --compile
-    if [ "$CUDA" = 1 ]; then
-      run 04-ppo_torchcompile--compile--cudagraphs "$seed" leanrl/ppo_torchcompile.py --compile --cudagraphs
+run() {  # run family config seed command...: one run, unless it finished before
+  local family=$1 config=$2 seed=$3; shift 3
+  local dir="$OUT/$family/$config/$seed"
+  [ -f "$dir/summary.json" ] && return
+  rm -rf "$dir" "$OUT/$family/$config/SKIPPED"
+  echo "== $family/$config seed $seed" >&2
+  "$@" --seed "$seed" --log-dir "$dir" $(budget "$family")
+}
+
+family() {  # family baseline torchcompile [quantized pruned ddp]: the configurations of one family, per seed
+  local f=$1 base=leanrl/$2 tc=leanrl/$3 quant=${4:+leanrl/$4} pruned=${5:+leanrl/$5} ddp=${6:+leanrl/$6} seed
+  [ "$CUDA" = 1 ] || skip "$f" 04-compile-cudagraphs "no CUDA device"
+  if [ "$f" = atari ] && [ "$BF16" = 0 ]; then skip "$f" 05-compile-bf16 "no native bf16 on this CPU"; fi
+  if [ -n "$ddp" ] && [ "$CORES" -lt 2 ]; then skip "$f" 08-ddp2-compile "one CPU core: no room for 2 ranks"; fi
+  for seed in $SEEDS; do
+    run "$f" 01-baseline "$seed" python "$base"
+    run "$f" 02-eager "$seed" python "$tc"
+    run "$f" 03-compile "$seed" python "$tc" --compile
+    if [ "$CUDA" = 1 ]; then run "$f" 04-compile-cudagraphs "$seed" python "$tc" --compile --cudagraphs; fi
+    if [ "$f" = atari ] && [ "$BF16" = 1 ]; then run "$f" 05-compile-bf16 "$seed" python "$tc" --compile --bf16; fi
+    if [ -n "$quant" ]; then run "$f" 06-quantized-compile "$seed" python "$quant" --compile; fi
+    if [ -n "$pruned" ]; then run "$f" 07-pruned-compile "$seed" python "$pruned" --compile --prune-ratio 0.5; fi
+    if [ -n "$ddp" ] && [ "$CORES" -ge 2 ]; then
+      run "$f" 08-ddp2-compile "$seed" python -m torch.distributed.run --standalone --nproc-per-node 2 "$ddp" --compile
     fi
-  fi
-  if [ "$FAMILY" != classic ]; then
-    steps=${ATARI_STEPS:-200000}
-    run 11-ppo_atari_envpool "$seed" leanrl/ppo_atari_envpool.py --total-timesteps "$steps"
-    run 12-ppo_atari_envpool_torchcompile "$seed" leanrl/ppo_atari_envpool_torchcompile.py --total-timesteps "$steps"
-    run 13-ppo_atari_envpool_torchcompile--compile "$seed" leanrl/ppo_atari_envpool_torchcompile.py --compile --total-timesteps "$steps"
-    run 14-ppo_atari_envpool_torchcompile--bf16 "$seed" leanrl/ppo_atari_envpool_torchcompile.py --bf16 --total-timesteps "$steps"
-    run 15-ppo_atari_envpool_torchcompile--compile--bf16 "$seed" leanrl/ppo_atari_envpool_torchcompile.py --compile --bf16 --total-timesteps "$steps"
-    if [ "$CUDA" = 1 ]; then
-      run 16-ppo_atari_envpool_torchcompile--compile--cudagraphs "$seed" leanrl/ppo_atari_envpool_torchcompile.py --compile --cudagraphs --total-timesteps "$steps"
-    fi
-  fi
+  done
+}
+
+start=$SECONDS
+for f in $FAMILIES; do
+  case $f in
+    classic) family classic ppo.py ppo_torchcompile.py ppo_quantized_torchcompile.py ppo_pruned_torchcompile.py \
+               ppo_ddp_torchcompile.py ;;
+    atari) family atari ppo_atari_envpool.py ppo_atari_envpool_torchcompile.py \
+             ppo_atari_envpool_quantized_torchcompile.py ppo_atari_envpool_pruned_torchcompile.py \
+             ppo_atari_envpool_ddp_torchcompile.py ;;
+    mujoco) family mujoco ppo_continuous_action.py ppo_continuous_action_torchcompile.py ;;
+  esac
 done
-python leanrl/fps_table.py "$OUT" --out doc
+echo "== sweep took $(( (SECONDS - start) / 60 )) min" >&2
+python leanrl/report.py "$OUT" --out "$DOC"

@@ -1,0 +1,239 @@
+"""Turn run.sh's runs into the fps comparison: doc/fps_table.md, doc/fps.png and doc/returns_<family>.png.
+
+    python leanrl/report.py runs/bench --out doc
+
+A run lives in RUNS/<family>/<NN-configuration>/<seed>/ with the summary.json and metrics.jsonl that every
+training script writes. The two-digit prefix orders the columns across families (01 is the baseline), so a
+configuration has the same column in every family. A configuration folder with a SKIPPED file and no runs is one
+the machine could not run; the file says why, and the table says so.
+"""
+
+import contextlib
+import datetime
+import io
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+import tyro
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+THRESHOLDS = {"CartPole-v1": 475.0}  # the env's own "solved" return, where it has one
+
+
+@dataclass
+class Args:
+    runs: tyro.conf.Positional[Path]
+    """the sweep's output folder (run.sh's OUT), holding <family>/<NN-configuration>/<seed>/ runs"""
+    out: Path = Path("doc")
+    """where the table and the plots go"""
+
+
+@dataclass
+class Config:
+    """One configuration of one family: its finished runs (summary, metrics rows) or why it was skipped."""
+
+    runs: list
+    skipped: str = ""
+
+    @property
+    def fps(self) -> list:
+        return [s["fps"] for s, _ in self.runs if s["fps"]]
+
+    @property
+    def median_fps(self):
+        return statistics.median(self.fps) if self.fps else None
+
+    @property
+    def finals(self) -> list:
+        return [s["final_return"] for s, _ in self.runs if s["final_return"] is not None]
+
+
+def fail(message: str):
+    """A user mistake: one line on stderr, exit code 2, no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_args() -> Args:
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return tyro.cli(Args, description=__doc__.splitlines()[0])
+    except SystemExit as e:
+        if e.code:  # tyro draws a multi-line box: fold it into one line
+            lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
+            fail(" ".join(ln for ln in lines[1:] if ln and not ln.startswith("For full helptext")))
+        raise
+
+
+def load(runs: Path) -> dict:
+    """{family: {configuration: Config}}, families in name order, configurations in prefix order."""
+    data = {}
+    for family_dir in sorted(p for p in runs.iterdir() if p.is_dir()):
+        for config_dir in sorted(p for p in family_dir.iterdir() if p.is_dir()):
+            found = []
+            for seed_dir in sorted(p for p in config_dir.iterdir() if (p / "summary.json").exists()):
+                rows = [json.loads(line) for line in (seed_dir / "metrics.jsonl").read_text().splitlines()]
+                found.append((json.loads((seed_dir / "summary.json").read_text()), rows))
+            skipped = config_dir / "SKIPPED"
+            if found or skipped.exists():
+                reason = skipped.read_text().strip() if skipped.exists() and not found else ""
+                data.setdefault(family_dir.name, {})[config_dir.name] = Config(found, reason)
+    return data
+
+
+def column_name(config: str) -> str:
+    return config.split("-", 1)[-1]
+
+
+def fmt(x, spec=",.0f"):
+    return "-" if x is None else format(x, spec)
+
+
+def first_summary(configs: dict) -> dict:
+    return next(c.runs[0][0] for c in configs.values() if c.runs)
+
+
+def headline(data: dict, columns: list) -> list:
+    """LeanRL's table: one row per family, the median fps of each configuration, the best speed-up."""
+    head = ["family (env, steps per run)"] + [f"`{column_name(c)}`" for c in columns] + ["fastest vs baseline"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for family, configs in data.items():
+        s = first_summary(configs)
+        cells = [f"{family} ({s['env_id']}, {s['total_timesteps']:,})"]
+        for column in columns:
+            c = configs.get(column)
+            cells.append("not run" if c is None else f"skipped: {c.skipped}" if c.skipped else fmt(c.median_fps))
+        measured = {name: c.median_fps for name, c in configs.items() if c.median_fps}
+        base = measured.get(columns[0]) if columns[0] in configs else None
+        best = max(measured, key=measured.get, default=None)
+        cells.append(f"{measured[best] / base:.2f}x (`{column_name(best)}`)" if base and best else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def returns_table(data: dict, columns: list) -> list:
+    head = ["family"] + [f"`{column_name(c)}`" for c in columns]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for family, configs in data.items():
+        cells = [family]
+        for column in columns:
+            finals = configs[column].finals if column in configs else []
+            spread = statistics.stdev(finals) if len(finals) > 1 else 0.0
+            cells.append(f"{statistics.mean(finals):.1f} ± {spread:.1f} (n={len(finals)})" if finals else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def first_reaching(rows, threshold):
+    row = next((r for r in rows if (r["episodic_return"] or float("-inf")) >= threshold), None)
+    return (row["global_step"], row["time"]) if row else (None, None)
+
+
+def detail(env_id: str, configs: dict) -> list:
+    """Per family: fps spread, compile time and, where the env has a solved threshold, time to reach it."""
+    threshold = THRESHOLDS.get(env_id)
+    head = ["configuration", "runs", "fps (median, min-max)", "compile s (median)"]
+    if threshold:
+        head += [f"steps to {threshold:.0f} (median)", f"seconds to {threshold:.0f} (median)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, c in configs.items():
+        if c.skipped:
+            continue
+        comp = [s["compile_time"] for s, _ in c.runs if s.get("compile_time") is not None]
+        cells = [f"`{column_name(name)}`", str(len(c.runs)),
+                 f"{fmt(c.median_fps)} ({fmt(min(c.fps, default=None))}-{fmt(max(c.fps, default=None))})",
+                 fmt(statistics.median(comp) if comp else None, ".1f")]
+        if threshold:
+            reached = [first_reaching(rows, threshold) for _, rows in c.runs]
+            steps = [s for s, _ in reached if s is not None]
+            secs = [t for _, t in reached if t is not None]
+            cells += [f"{fmt(statistics.median(steps) if steps else None)} ({len(steps)}/{len(c.runs)} reached)",
+                      fmt(statistics.median(secs) if secs else None, ".1f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot_fps(data: dict, columns: list, out: Path):
+    """Speed-up over each family's baseline, one group of bars per family, the fps written on each bar."""
+    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(data)), 4))
+    width = 0.8 / len(columns)
+    for i, column in enumerate(columns):
+        xs, heights, labels = [], [], []
+        for j, configs in enumerate(data.values()):
+            base = configs[columns[0]].median_fps if columns[0] in configs else None
+            fps = configs[column].median_fps if column in configs else None
+            if base and fps:
+                xs.append(j + (i - (len(columns) - 1) / 2) * width)
+                heights.append(fps / base)
+                labels.append(fmt(fps))
+        bars = ax.bar(xs, heights, width, label=column_name(column), color=f"C{i}")
+        ax.bar_label(bars, labels, fontsize=6, rotation=90, padding=2)
+    ax.set_xticks(range(len(data)), [f"{f}\n{first_summary(c)['env_id']}" for f, c in data.items()])
+    ax.set_ylabel("speed-up over the baseline (fps on the bars)")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.margins(y=0.25)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "fps.png", dpi=100)
+    plt.close(fig)
+
+
+def plot_returns(family: str, configs: dict, out: Path) -> str:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (name, c) in enumerate(configs.items()):
+        for j, (_, rows) in enumerate(c.runs):
+            pts = [(r["global_step"], r["time"], r["episodic_return"]) for r in rows if r["episodic_return"] is not None]
+            kw = dict(color=f"C{i}", alpha=0.8, lw=1, label=column_name(name) if j == 0 else None)
+            axes[0].plot([p[0] for p in pts], [p[2] for p in pts], **kw)
+            axes[1].plot([p[1] for p in pts], [p[2] for p in pts], **kw)
+    for ax, xlabel in zip(axes, ("environment steps", "wall time (s)")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("episodic return (last 20 episodes)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{family}: {first_summary(configs)['env_id']}")
+    fig.tight_layout()
+    name = f"returns_{family}.png"
+    fig.savefig(out / name, dpi=100)
+    plt.close(fig)
+    return name
+
+
+def main():
+    args = parse_args()
+    if not args.runs.is_dir():
+        fail(f"{args.runs} is not a folder: give the OUT folder of run.sh")
+    data = {f: c for f, c in load(args.runs).items() if any(cfg.runs for cfg in c.values())}
+    if not data:
+        fail(f"no finished runs under {args.runs} (expected <family>/<NN-configuration>/<seed>/summary.json)")
+    columns = sorted({name for configs in data.values() for name in configs})
+    args.out.mkdir(parents=True, exist_ok=True)
+    hardware = sorted({(s["cpu"], s["gpu"] or "none", s["torch"]) for c in data.values() for cfg in c.values()
+                       for s, _ in cfg.runs})
+    newest = max(p.stat().st_mtime for p in args.runs.glob("*/*/*/summary.json"))
+    lines = ["# fps comparison", "",
+             f"Written by `python leanrl/report.py {args.runs}` (the last step of `run.sh`); sweep finished "
+             f"{datetime.date.fromtimestamp(newest).isoformat()}. Hardware: "
+             + "; ".join(f"{cpu}, GPU: {gpu}, torch {torch}" for cpu, gpu, torch in hardware) + ".", "",
+             "fps: environment steps per second over whole iterations after burn-in, median over seeds. "
+             "`not run`: the sweep had no such configuration for that family.", ""]
+    lines += headline(data, columns) + ["", "![fps](fps.png)", "", "## Final return (mean ± std over seeds)", ""]
+    lines += returns_table(data, columns) + [""]
+    plot_fps(data, columns, args.out)
+    for family, configs in data.items():
+        env_id = first_summary(configs)["env_id"]
+        lines += [f"## {family}: {env_id}", ""] + detail(env_id, configs)
+        lines += ["", f"![{family} returns]({plot_returns(family, configs, args.out)})", ""]
+    (args.out / "fps_table.md").write_text("\n".join(lines))
+    print(f"wrote {args.out / 'fps_table.md'}, {args.out / 'fps.png'} and the returns plots")
+
+
+if __name__ == "__main__":
+    main()
