@@ -5,7 +5,8 @@
 #   bash run.sh classic atari    # some of them
 # Budgets (steps per run): CLASSIC_STEPS (default 200000), ATARI_STEPS (10240), MUJOCO_STEPS (20480): the whole
 # default sweep takes about half an hour on 2 CPU cores. FULL=1: the published budgets (500k, 10M, 1M).
-# SMOKE=1: every configuration once with the tiny smoke budget, table into $OUT/doc (what CI runs).
+# SMOKE=1: every script once with the tiny smoke budget and without --compile (the tests cover the compiled paths),
+# table into $OUT/doc: what CI runs. The variants (quantized, pruned, ddp2) otherwise run with --compile.
 # SEEDS (default "21 31 41"), OUT (default runs/bench, or runs/smoke), DOC (default doc, or $OUT/doc with SMOKE).
 # Re-running resumes: a run with a summary.json is not repeated. What this machine cannot run is skipped, saying so.
 set -euo pipefail
@@ -15,14 +16,14 @@ for f in $FAMILIES; do
   case $f in classic|atari|mujoco) ;; *) echo "error: unknown family '$f' (classic, atari or mujoco)" >&2; exit 2 ;; esac
 done
 if [ "${SMOKE:-0}" = 1 ]; then
-  OUT=${OUT:-runs/smoke}; DOC=${DOC:-$OUT/doc}; SEEDS=${SEEDS:-1}
+  OUT=${OUT:-runs/smoke}; DOC=${DOC:-$OUT/doc}; SEEDS=${SEEDS:-1}; COMPILE=
   budget() { echo --num-envs 1 --num-steps 64 --total-timesteps 256; }
 elif [ "${FULL:-0}" = 1 ]; then
   budget() { echo --total-timesteps "$(case $1 in classic) echo 500000;; atari) echo 10000000;; mujoco) echo 1000000;; esac)"; }
 else
   budget() { echo --total-timesteps "$(case $1 in classic) echo "${CLASSIC_STEPS:-200000}";; atari) echo "${ATARI_STEPS:-10240}";; mujoco) echo "${MUJOCO_STEPS:-20480}";; esac)"; }
 fi
-OUT=${OUT:-runs/bench}; DOC=${DOC:-doc}; SEEDS=${SEEDS:-21 31 41}
+OUT=${OUT:-runs/bench}; DOC=${DOC:-doc}; SEEDS=${SEEDS:-21 31 41}; COMPILE=${COMPILE---compile}
 read -r CUDA BF16 CORES < <(python -c "import os, torch
 print(int(torch.cuda.is_available()), int(torch.ops.mkldnn._is_mkldnn_bf16_supported()), os.cpu_count())")
 
@@ -42,18 +43,19 @@ run() {  # run family config seed command...: one run, unless it finished before
 family() {  # family baseline torchcompile [quantized pruned ddp]: the configurations of one family, per seed
   local f=$1 base=leanrl/$2 tc=leanrl/$3 quant=${4:+leanrl/$4} pruned=${5:+leanrl/$5} ddp=${6:+leanrl/$6} seed
   [ "$CUDA" = 1 ] || skip "$f" 04-compile-cudagraphs "no CUDA device"
-  if [ "$f" = atari ] && [ "$BF16" = 0 ]; then skip "$f" 05-compile-bf16 "no native bf16 on this CPU"; fi
-  if [ -n "$ddp" ] && [ "$CORES" -lt 2 ]; then skip "$f" 08-ddp2-compile "one CPU core: no room for 2 ranks"; fi
+  [ -n "$COMPILE" ] || skip "$f" 03-compile "SMOKE=1 runs no compiled configuration"
+  if [ "$f" = atari ] && [ "$BF16" = 0 ]; then skip "$f" 05-bf16 "no native bf16 on this CPU"; fi
+  if [ -n "$ddp" ] && [ "$CORES" -lt 2 ]; then skip "$f" 08-ddp2 "one CPU core: no room for 2 ranks"; fi
   for seed in $SEEDS; do
     run "$f" 01-baseline "$seed" python "$base"
     run "$f" 02-eager "$seed" python "$tc"
-    run "$f" 03-compile "$seed" python "$tc" --compile
+    if [ -n "$COMPILE" ]; then run "$f" 03-compile "$seed" python "$tc" --compile; fi
     if [ "$CUDA" = 1 ]; then run "$f" 04-compile-cudagraphs "$seed" python "$tc" --compile --cudagraphs; fi
-    if [ "$f" = atari ] && [ "$BF16" = 1 ]; then run "$f" 05-compile-bf16 "$seed" python "$tc" --compile --bf16; fi
-    if [ -n "$quant" ]; then run "$f" 06-quantized-compile "$seed" python "$quant" --compile; fi
-    if [ -n "$pruned" ]; then run "$f" 07-pruned-compile "$seed" python "$pruned" --compile --prune-ratio 0.5; fi
+    if [ "$f" = atari ] && [ "$BF16" = 1 ]; then run "$f" 05-bf16 "$seed" python "$tc" $COMPILE --bf16; fi
+    if [ -n "$quant" ]; then run "$f" 06-quantized "$seed" python "$quant" $COMPILE; fi
+    if [ -n "$pruned" ]; then run "$f" 07-pruned "$seed" python "$pruned" $COMPILE --prune-ratio 0.5; fi
     if [ -n "$ddp" ] && [ "$CORES" -ge 2 ]; then
-      run "$f" 08-ddp2-compile "$seed" python -m torch.distributed.run --standalone --nproc-per-node 2 "$ddp" --compile
+      run "$f" 08-ddp2 "$seed" python -m torch.distributed.run --standalone --nproc-per-node 2 "$ddp" $COMPILE
     fi
   done
 }

@@ -163,6 +163,7 @@ def detail(env_id: str, configs: dict) -> list:
 def plot_fps(data: dict, columns: list, out: Path):
     """Speed-up over each family's baseline, one group of bars per family, the fps written on each bar."""
     fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(data)), 4))
+    columns = [c for c in columns if any(c in configs and configs[c].median_fps for configs in data.values())]
     width = 0.8 / len(columns)
     for i, column in enumerate(columns):
         xs, heights, labels = [], [], []

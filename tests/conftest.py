@@ -50,6 +50,23 @@ def assert_user_error(proc, *words: str):
         assert w.lower() in lines[0].lower(), lines[0]
 
 
+def assert_rejected(script: str, flags, words, log_dir: Path):
+    """Running `script` with `flags` is a user mistake: it stops before any work, with the one-line error."""
+    proc = run_script(script, *flags, log_dir=log_dir, check=False, timeout=300)
+    assert_user_error(proc, *words)
+    assert not (log_dir / "metrics.jsonl").exists()
+
+
+def smoke_runs(runs, tmp_path_factory) -> dict:
+    """Each (script, flags) of `runs` once, with the smoke flags on one thread: {(script, flags): (proc, log_dir)}.
+    Module-scoped fixtures share these runs between tests: a compiled run costs tens of seconds."""
+    out = {}
+    for script, flags in runs:
+        log_dir = tmp_path_factory.mktemp("smoke") / "run"
+        out[script, flags] = run_script(script, *SMOKE, "--num-threads", "1", *flags, log_dir=log_dir), log_dir
+    return out
+
+
 @pytest.fixture
 def log_dir(tmp_path):
     return tmp_path / "run"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import SMOKE, assert_user_error, load_script, read_metrics, read_summary, run_script
+from conftest import SMOKE, assert_user_error, load_script, read_metrics, read_summary, run_script, smoke_runs
 
 SCRIPTS = ("ppo_atari_envpool.py", "ppo_atari_envpool_torchcompile.py")
 ROW_FIELDS = ("iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
@@ -30,12 +30,7 @@ def tc():
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """Every run in RUNS, once: {(script, flags): (CompletedProcess, log_dir)}."""
-    out = {}
-    for script, flags in RUNS:
-        log_dir = tmp_path_factory.mktemp("smoke") / "run"
-        out[script, flags] = run_script(script, *SMOKE, "--num-threads", "1", *flags, log_dir=log_dir), log_dir
-    return out
+    return smoke_runs(RUNS, tmp_path_factory)
 
 
 @pytest.mark.parametrize("script,flags", RUNS, ids=[f"{s[:-3]}{''.join(f)}" for s, f in RUNS])

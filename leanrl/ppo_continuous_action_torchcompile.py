@@ -1,0 +1,644 @@
+"""PPO for continuous control (MuJoCo through envpool, HalfCheetah-v4), restructured to run as fast as the hardware
+allows.
+
+The algorithm, network, normalization and defaults of ppo_continuous_action.py (CleanRL's), cut LeanRL-style into
+units that torch.compile and CUDA graphs can wrap: `policy` (one rollout step), `normalize` (the observation
+statistics, torch tensors on the policy's device), `gae`, and `update` (one minibatch, optimizer step inside).
+An iteration is 2048 sequential single-env steps, then 320 minibatch updates of 64 samples: on a CPU every one of
+them costs its Python and dispatcher overhead, not its arithmetic, so the tricks here remove machinery:
+
+- a rollout step only samples, mean + std * noise, with the noise of the whole rollout drawn in one call and no
+  Distribution object; the log-probabilities and values come from one batched forward after the rollout;
+- the rollout policy is an inference copy of the agent sharing its storage, without autograd;
+- the env's outputs are staged in numpy and reach the buffers in one copy per iteration; the reward scaling's
+  running statistics are updated for the whole rollout at once (cumulative sums give the same numbers);
+- GAE runs its 2048-step recursion over numpy rows on the host (a torch loop dispatches ~12k tiny ops);
+- `update` takes its gradients with torch.func.grad and applies torch.optim's own functional Adam, so that
+  torch.compile turns forward, backward, clipping and the Adam step into one graph;
+- lr is a tensor changed in place (no recompilation), and once everything has compiled the guards are skipped.
+doc/continuous_control.md has the measurements behind each of these.
+
+    python leanrl/ppo_continuous_action_torchcompile.py --compile               # CPU or GPU
+    python leanrl/ppo_continuous_action_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the units
+"""
+
+import contextlib
+import functools
+import io
+import json
+import math
+import os
+import platform
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import envpool
+import numpy as np
+import torch
+import torch.nn as nn
+import tqdm
+import tyro
+from tensordict import from_module
+from tensordict.nn import CudaGraphModule
+from torch.optim.adam import adam
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """not supported with envpool (it renders no frames); the flag is accepted so every script takes it"""
+
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment (an envpool MuJoCo task with the Gymnasium interface)"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiments"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel game environments"""
+    num_steps: int = 2048
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of mini-batches"""
+    update_epochs: int = 10
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.0
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: Optional[float] = None
+    """the target KL divergence threshold"""
+
+    compile: bool = False
+    """if toggled, wrap the policy, normalize and update units in torch.compile"""
+    cudagraphs: bool = False
+    """if toggled, wrap the policy, normalize and update units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
+    measure_burnin: int = 3
+    """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
+    log_dir: Optional[str] = None
+    """where metrics.jsonl, summary.json and agent.pt go (default: runs/<env_id>__<script>__<seed>__<time>)"""
+    save_model: bool = False
+    """if toggled, save the agent, optimizer and normalizer to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
+    resume: Optional[str] = None
+    """path of an agent.pt written by --save-model: continue that run (the episodes restart, see load_checkpoint)"""
+    num_threads: int = 1
+    """torch intra-op threads (1 measures fastest for these 64-unit layers)"""
+
+
+def fail(message: str):
+    """A user mistake: one line on stderr, exit code 2, no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_args() -> Args:
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return tyro.cli(Args)
+    except SystemExit as e:
+        if e.code:  # tyro draws a multi-line box: fold it into the one line a user mistake gets
+            lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
+            fail(" ".join(ln for ln in lines[1:] if ln and not ln.startswith("For full helptext")))
+        raise
+
+
+def check_env_id(env_id: str):
+    family = envpool.registration.registry.specs.get(env_id, ("",))[0]
+    if family == "envpool.mujoco.gym":
+        return
+    if "atari" in family:
+        fail(f"{env_id} is an Atari game (discrete actions); use leanrl/ppo_atari_envpool.py")
+    if "classic_control" in family:
+        fail(f"{env_id} is a classic-control task; this script takes MuJoCo tasks such as HalfCheetah-v4 "
+             "(discrete classic control: leanrl/ppo.py)")
+    if "mujoco" in family:
+        fail(f"{env_id} is not a Gymnasium-style MuJoCo task; this script takes ids such as HalfCheetah-v4, Hopper-v4")
+    fail(f"unknown env id {env_id!r}; this script takes envpool MuJoCo ids such as HalfCheetah-v4, Hopper-v4, Ant-v4")
+
+
+def check_args(args: Args):
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.learning_rate <= 0:
+        fail(f"--learning-rate must be positive, got {args.learning_rate}")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
+             f"(num_envs x num_steps); pick a divisor of {batch_size}")
+    if args.total_timesteps < batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
+    if args.resume and not os.path.isfile(args.resume):
+        fail(f"--resume {args.resume}: no such file")
+    if args.num_threads <= 0:
+        fail(f"--num-threads must be positive, got {args.num_threads}")
+    if args.capture_video:
+        fail("--capture-video is not supported: envpool renders no frames")
+    check_env_id(args.env_id)
+
+
+def make_envs(args: Args, seed: int):
+    return envpool.make(args.env_id, env_type="gymnasium", num_envs=args.num_envs, seed=seed)
+
+
+def env_step(envs, action: np.ndarray):
+    """One step with CleanRL's (gymnasium's SAME_STEP) auto-reset: the observation after an episode's end is the
+    next episode's first. envpool resets an env on the step *after* its episode ended, ignoring that step's action and
+    returning reward 0 (checked on envpool 1.2.5): left alone, that dead step would enter the batch as a transition
+    the action did not cause. Resetting the ended envs right away (envpool's reset takes a subset of env ids) keeps
+    every stored transition real, at one extra env call per episode end."""
+    obs, reward, terminated, truncated, _ = envs.step(action)
+    done = terminated | truncated
+    if done.any():
+        ended = np.flatnonzero(done)
+        obs[ended] = envs.reset(ended)[0]
+    return obs, reward, done
+
+
+class RunningMeanStd:
+    """Mean and (population) variance of everything seen so far, merged one batch at a time (Chan et al.'s parallel
+    update, exact for any batch size). Starts like gymnasium's: mean 0, var 1, with a weight of 1e-4 samples.
+    float64 tensors on the policy's device, updated in place: compiled code and CUDA graphs keep reading the same
+    storage. The count has shape (1,): torch 2.13's compiled code drops in-place writes to a 0-dim tensor it reads
+    from an object (they reach the tensor only in eager mode)."""
+
+    def __init__(self, shape, device):
+        f64 = dict(dtype=torch.float64, device=device)
+        self.mean, self.var, self.count = torch.zeros(shape, **f64), torch.ones(shape, **f64), torch.full((1,), 1e-4, **f64)
+
+    def update(self, x):
+        batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total)
+        self.mean.add_(delta * batch_count / total)
+        self.count.copy_(total)
+
+    def update_sequence(self, x):
+        """The updates with x[0], x[1], ... one after the other, at once: returns the variance after each. The
+        statistics of a union are its count, sum and sum of squares; cumulative sums give them all, in float64."""
+        counts = self.count + x.shape[1] * torch.arange(1, x.shape[0] + 1, dtype=x.dtype, device=x.device)
+        sums = self.count * self.mean + x.sum(1).cumsum(0)
+        squares = self.count * (self.var + self.mean**2) + (x**2).sum(1).cumsum(0)
+        means = sums / counts
+        variances = squares / counts - means**2
+        self.mean.copy_(means[-1])
+        self.var.copy_(variances[-1])
+        self.count.copy_(counts[-1])
+        return variances
+
+    def state_dict(self):
+        return dict(mean=self.mean.cpu(), var=self.var.cpu(), count=self.count.cpu())
+
+    def load_state_dict(self, s):
+        for name in ("mean", "var", "count"):
+            getattr(self, name).copy_(s[name])
+
+
+class Normalizer:
+    """CleanRL's NormalizeObservation + clip and NormalizeReward + clip, for all envs at once (one set of statistics,
+    updated with every env's values each step) and with episode ends handled: each env's discounted return starts
+    again from 0 when its episode ends, by termination or by time limit. (gymnasium's wrapper resets it only on
+    termination, and one step late, so on HalfCheetah, which only times out, it never resets.)
+    The statistics live on the policy's device; each env's discounted return accumulates on the host, in the
+    rollout, where the rewards arrive."""
+
+    def __init__(self, num_envs: int, obs_dim: int, gamma: float, device, clip: float = 10.0, eps: float = 1e-8):
+        self.obs_rms, self.ret_rms = RunningMeanStd((obs_dim,), device), RunningMeanStd((), device)
+        self.ret = np.zeros(num_envs)  # each env's discounted return so far in its episode
+        self.gamma, self.clip, self.eps = gamma, clip, eps
+
+    def obs(self, obs):
+        """Update the statistics with the observations the agent is about to see, then normalize them (float32)."""
+        self.obs_rms.update(obs)
+        return ((obs - self.obs_rms.mean) / (self.obs_rms.var + self.eps).sqrt()).clamp(-self.clip, self.clip).float()
+
+    def discounted_return(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """One step of each env's discounted return (host, numpy): its value after this step's reward."""
+        self.ret = self.ret * self.gamma + reward
+        out = self.ret.copy()
+        self.ret[done] = 0.0
+        return out
+
+    def rewards(self, rewards, returns):
+        """A rollout's rewards [steps, envs] scaled by the std of the discounted return, the statistics updated with
+        each step's returns in turn: what per-step scaling would give, in a few vectorized ops."""
+        var = self.ret_rms.update_sequence(returns.double())
+        return (rewards / (var + self.eps).sqrt().unsqueeze(1)).clamp(-self.clip, self.clip).float()
+
+    def state_dict(self):
+        return dict(obs_rms=self.obs_rms.state_dict(), ret_rms=self.ret_rms.state_dict())
+
+    def load_state_dict(self, s):
+        self.obs_rms.load_state_dict(s["obs_rms"])
+        self.ret_rms.load_state_dict(s["ret_rms"])
+
+
+class EpisodeStats:
+    """Episode returns from the raw rewards: the returns logged are the real, unnormalized ones."""
+
+    def __init__(self, num_envs: int, window: int = 20):
+        self.ret, self.returns = np.zeros(num_envs), deque(maxlen=window)
+
+    def step(self, reward: np.ndarray, done: np.ndarray):
+        self.ret += reward
+        if done.any():  # rare: most steps cost one numpy add
+            self.returns.extend(self.ret[done].tolist())
+            self.ret[done] = 0.0
+
+    def mean_return(self):
+        return float(np.mean(self.returns)) if self.returns else None
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, n_obs: int, n_actions: int):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, n_actions), std=0.01),
+        )
+        self.actor_logstd = nn.Parameter(torch.zeros(1, n_actions))
+
+    def get_value(self, x):
+        return self.critic(x).squeeze(-1)
+
+    def rollout_noise(self, shape):
+        """The exploration noise of a whole rollout, std * N(0, 1), drawn in one call: the parameters do not change
+        during a rollout, so a step only adds it to the mean."""
+        return self.actor_logstd.exp() * torch.randn(shape, device=self.actor_logstd.device)
+
+    def act(self, x, noise):
+        """One rollout step: a sample of Normal(mean, std) as mean + std * N(0, 1). Acting needs nothing else: the
+        rollout's log-probabilities and values come from one batched forward afterwards (same parameters, so the
+        same numbers)."""
+        return self.actor_mean(x) + noise
+
+    def forward(self, x, action):
+        """Log-probability and entropy of `action` under the diagonal Gaussian, and the state value: what the loss
+        needs, written out (torch.distributions.Normal's formulas, without building the object)."""
+        mean = self.actor_mean(x)
+        logstd = self.actor_logstd.expand_as(mean)
+        logprob = (-0.5 * ((action - mean) / logstd.exp()) ** 2 - logstd - 0.5 * math.log(2 * math.pi)).sum(-1)
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + logstd).sum(-1)
+        return logprob, entropy, self.critic(x).squeeze(-1)
+
+
+def rollout(envs, policy, normalize, normalizer, next_obs, next_done, buf, stats, noise, action_bounds):
+    """num_steps steps of every env into `buf`; returns the last (normalized) obs and done, and the time split.
+    The env's outputs are staged in numpy and the obs and actions in lists, and each reaches `buf` in one copy per
+    iteration: per step that is a few numpy writes instead of several tensor ops."""
+    num_steps, device = buf["obs"].shape[0], buf["obs"].device
+    dones, rewards = np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
+    returns = np.empty(buf["rewards"].shape)
+    obs, actions = [], []
+    t_env = t_policy = 0.0
+    for step in range(num_steps):
+        obs.append(next_obs)
+        dones[step] = next_done
+        t0 = time.perf_counter()
+        action = policy(next_obs, noise[step])
+        actions.append(action)
+        t1 = time.perf_counter()
+        raw_obs, reward, next_done = env_step(envs, np.clip(action.cpu().numpy(), *action_bounds))
+        t2 = time.perf_counter()
+        next_obs = normalize(torch.from_numpy(raw_obs).to(device, non_blocking=True))
+        t_env += t2 - t1
+        t_policy += t1 - t0 + time.perf_counter() - t2
+        rewards[step] = reward
+        returns[step] = normalizer.discounted_return(reward, next_done)
+        stats.step(reward, next_done)
+    buf["dones"].copy_(torch.from_numpy(dones), non_blocking=True)
+    buf["rewards"].copy_(normalizer.rewards(torch.from_numpy(rewards).to(device), torch.from_numpy(returns).to(device)))
+    torch.stack(obs, out=buf["obs"])
+    torch.stack(actions, out=buf["actions"])
+    return next_obs, next_done, t_env, t_policy
+
+
+def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda: float):
+    """Generalized advantage estimation, CleanRL's recursion. The deltas and discounts are computed at once in torch;
+    the 2048-step recursion itself runs over numpy rows on the host (~2 us a step): as a loop of torch ops it costs
+    ~12k op dispatches (~50 ms an iteration), and torch.compile would unroll it into a graph that takes minutes to
+    build."""
+    nextnonterminal = 1.0 - torch.cat([dones[1:], next_done.unsqueeze(0)])
+    nextvalues = torch.cat([values[1:], next_value.unsqueeze(0)])
+    deltas = (rewards + gamma * nextvalues * nextnonterminal - values).cpu().numpy()
+    discounts = (gamma * gae_lambda * nextnonterminal).cpu().numpy()
+    advantages = np.empty_like(deltas)
+    lastgaelam = np.zeros_like(deltas[0])
+    for t in range(deltas.shape[0] - 1, -1, -1):
+        advantages[t] = lastgaelam = deltas[t] + discounts[t] * lastgaelam
+    advantages = torch.from_numpy(advantages).to(values.device)
+    return advantages, advantages + values
+
+
+def ppo_loss(params, agent, args, obs, actions, logprobs, advantages, returns, values):
+    newlogprob, entropy, newvalue = torch.func.functional_call(agent, params, (obs, actions))
+    logratio = newlogprob - logprobs
+    ratio = logratio.exp()
+    approx_kl = ((ratio - 1) - logratio).mean()  # http://joschu.net/blog/kl-approx.html
+    clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    if args.clip_vloss:
+        v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    return loss, torch.stack([approx_kl, clipfrac, pg_loss, v_loss, entropy_loss]).detach()
+
+
+def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, returns, values, inds):
+    """One minibatch step. Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm].
+    Gradients from torch.func.grad and the step from torch.optim's functional Adam, on the optimizer's own state:
+    compiled, this whole function is one graph (loss.backward() and optimizer.step() would each break it)."""
+    params = {name: p.detach() for name, p in agent.named_parameters()}
+    grads, stats = torch.func.grad(ppo_loss, has_aux=True)(
+        params, agent, args, obs[inds], actions[inds], logprobs[inds], advantages[inds], returns[inds], values[inds])
+    plist = list(agent.parameters())
+    for p, name in zip(plist, params):
+        p.grad = grads[name]
+    grad_norm = nn.utils.clip_grad_norm_(plist, args.max_grad_norm, foreach=False)  # per-tensor norms fuse; foreach does not
+    state = [optimizer.state[p] for p in plist]
+    group = optimizer.param_groups[0]
+    with torch.no_grad():
+        adam(plist, [p.grad for p in plist], [s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state], [],
+             [s["step"] for s in state], foreach=False, capturable=group["capturable"], amsgrad=False,
+             beta1=group["betas"][0], beta2=group["betas"][1], lr=lr, weight_decay=0.0, eps=group["eps"], maximize=False)
+    return torch.cat([stats, grad_norm.unsqueeze(0)])
+
+
+def make_optimizer(agent, lr, capturable: bool):
+    """torch.optim.Adam owns the state (and its state_dict the checkpoint); `update` applies its functional form,
+    so the state is created here rather than lazily on a first optimizer.step()."""
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=capturable)
+    for p in agent.parameters():
+        step = torch.zeros((), device=p.device if capturable else "cpu")
+        optimizer.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+    return optimizer
+
+
+def machine_info(device: torch.device) -> dict:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
+
+
+class StopFlag:
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
+    a second Ctrl-C stops at once."""
+
+    def __init__(self):
+        self.set = False
+        signal.signal(signal.SIGINT, self.handle)
+        signal.signal(signal.SIGTERM, self.handle)
+
+    def handle(self, signum, frame):
+        if self.set:
+            raise KeyboardInterrupt
+        self.set = True
+        print("\nstopping after this iteration (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr)
+
+
+def save_checkpoint(path: str, payload: dict):
+    tmp = path + ".tmp"
+    torch.save(payload, tmp)
+    os.replace(tmp, path)  # atomic: a crash mid-write never leaves a truncated agent.pt
+
+
+def load_checkpoint(args: Args) -> dict:
+    """Agent, optimizer, normalizer statistics, RNGs, iteration and step count. envpool cannot snapshot the
+    simulators, so a resumed run starts new episodes (with a fresh seed); the normalizer carries on."""
+    try:
+        ckpt = torch.load(args.resume, weights_only=True)
+    except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
+        fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
+    for key in ("env_id", "num_envs", "num_steps"):
+        if ckpt["args"][key] != getattr(args, key):
+            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
+    return ckpt
+
+
+def main(args: Args):
+    check_args(args)
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+    script = os.path.basename(__file__)[: -len(".py")]
+    log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
+    os.makedirs(log_dir, exist_ok=True)
+
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.num_threads)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.cudagraphs and device.type != "cuda":
+        print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
+        args.cudagraphs = False
+
+    ckpt = load_checkpoint(args) if args.resume else None
+    envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
+    n_obs, n_actions = envs.observation_space.shape[0], envs.action_space.shape[0]
+    action_bounds = (envs.action_space.low, envs.action_space.high)
+    agent = Agent(n_obs, n_actions).to(device)
+    # the rollout's copy: same storage, plain tensors without requires_grad
+    agent_inference = Agent(n_obs, n_actions).to(device)
+    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
+    optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
+    normalizer = Normalizer(args.num_envs, n_obs, args.gamma, device)
+
+    policy = agent_inference.act
+    normalize = normalizer.obs
+    evaluate = agent_inference.forward
+    get_value = agent_inference.get_value
+    update_fn = functools.partial(update, agent, optimizer, lr, args)
+    if args.compile:
+        # compile only what pays back its compile time: the per-step normalizer (~80 -> ~40 us a call on a CPU) and
+        # the 320 updates of an iteration. On a CPU the policy step stays eager: compiled it costs more (~90 vs ~45
+        # us); evaluate and get_value run once an iteration and would save less than a millisecond.
+        if device.type == "cuda":
+            policy = torch.compile(policy)
+            evaluate = torch.compile(evaluate)
+            get_value = torch.compile(get_value)
+        normalize = torch.compile(normalize)
+        update_fn = torch.compile(update_fn)
+    if args.cudagraphs:
+        policy = CudaGraphModule(policy)
+        normalize = CudaGraphModule(normalize)
+        evaluate = CudaGraphModule(evaluate)
+        get_value = CudaGraphModule(get_value)
+        update_fn = CudaGraphModule(update_fn)
+
+    shape = (args.num_steps, args.num_envs)
+    buf = dict(obs=torch.zeros(shape + (n_obs,), device=device), actions=torch.zeros(shape + (n_actions,), device=device),
+               **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")})
+    stats_buf = torch.zeros(args.update_epochs * args.num_minibatches, 6, device=device)
+    stats = EpisodeStats(args.num_envs)
+    global_step, start_iteration = 0, 1
+    if ckpt:
+        agent.load_state_dict(ckpt["agent"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        normalizer.load_state_dict(ckpt["normalizer"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        stats.returns.extend(ckpt["returns"].tolist())
+        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
+    next_obs = normalize(torch.from_numpy(envs.reset()[0]).to(device))
+    next_done = np.zeros(args.num_envs, dtype=bool)
+
+    def checkpoint(iteration):
+        save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
+            agent=agent.state_dict(), optimizer=optimizer.state_dict(), normalizer=normalizer.state_dict(),
+            args=asdict(args), iteration=iteration, global_step=global_step, torch_rng=torch.get_rng_state(),
+            returns=torch.tensor(list(stats.returns), dtype=torch.float64)))
+
+    run = None
+    if args.track:
+        import wandb
+
+        run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
+                         name=os.path.basename(log_dir), dir=log_dir, save_code=True)
+    metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
+    stop = StopFlag()
+    bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
+    iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
+    try:
+        for iteration in range(start_iteration, args.num_iterations + 1):
+            t_iter = time.perf_counter()
+            if args.anneal_lr:
+                lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
+
+            noise = agent_inference.rollout_noise(buf["actions"].shape)
+            next_obs, next_done, t_env, t_policy = rollout(envs, policy, normalize, normalizer, next_obs, next_done,
+                                                           buf, stats, noise, action_bounds)
+            global_step += args.batch_size
+            t_rollout = time.perf_counter() - t_iter
+
+            t0 = time.perf_counter()
+            logprobs, _, values = evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
+            buf["logprobs"].copy_(logprobs)
+            buf["values"].copy_(values)
+            last_done = torch.from_numpy(next_done).to(device).float()
+            advantages, returns = gae(get_value(next_obs), last_done, buf["rewards"], buf["dones"], buf["values"],
+                                      args.gamma, args.gae_lambda)
+            t_gae = time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            batch = [x.flatten(0, 1) for x in
+                     (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])]
+            n = 0
+            for epoch in range(args.update_epochs):
+                perm = torch.randperm(args.batch_size, device=device).view(args.num_minibatches, -1)
+                for inds in perm:
+                    stats_buf[n] = update_fn(*batch, inds)
+                    n += 1
+                if args.target_kl is not None and stats_buf[n - 1, 0] > args.target_kl:  # a host sync, only when asked
+                    break
+            t_update = time.perf_counter() - t0
+
+            # steady-state fps: whole iterations after the burn-in
+            now = time.perf_counter()
+            iter_times.append(now - t_iter)
+            if iteration - start_iteration + 1 == args.measure_burnin:
+                measure_from = (now, global_step)
+            if measure_from and global_step > measure_from[1]:
+                fps = (global_step - measure_from[1]) / (now - measure_from[0])
+            row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
+                       episodic_return=stats.mean_return(), t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
+                       t_gae=t_gae, t_update=t_update, lr=lr.item(),
+                       **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"),
+                                  stats_buf[:n].mean(0).tolist())))  # the one host sync of the iteration
+            metrics.write(json.dumps(row) + "\n")
+            if run:
+                run.log(row, step=global_step)
+            bar.update(args.batch_size)
+            bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
+            if args.compile and iteration == start_iteration:
+                # every unit has compiled and nothing its guards check can change any more: stop checking them
+                torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+            if stop.set:
+                break
+    except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
+        stop.set = forced = True
+    finally:
+        torch.compiler.set_stance("default")
+        bar.close()
+        metrics.close()
+        envs.close()
+    if args.save_model and not forced and iteration >= start_iteration:
+        checkpoint(iteration)
+
+    steady = iter_times[args.measure_burnin:]
+    summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
+                   num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
+                   wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
+                   final_return=stats.mean_return(),
+                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
+                   interrupted=stop.set)
+    with open(os.path.join(log_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if run:
+        run.summary.update(summary)
+        run.finish()
+    print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
+          f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
+    if stop.set:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main(parse_args())

@@ -1,0 +1,192 @@
+"""The benchmark tools: bench_inference.py (the policy networks under each configuration) and eval_compressed.py
+(post-training compression of a trained agent). Tiny settings: the tables' numbers are not checked, their
+structure, the compressed agents' actions and the sizes are."""
+
+import io
+import re
+import subprocess
+import sys
+
+import envpool
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, SMOKE, assert_user_error, load_script, run_script
+
+
+def run_tool(tool: str, *flags: str):
+    return subprocess.run([sys.executable, str(ROOT / "leanrl" / tool), *flags], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+
+
+def table_rows(path) -> list:
+    """The data rows of a markdown table: lists of cells, the first without its backquotes."""
+    rows = [ln.strip("|").split("|") for ln in path.read_text().splitlines() if ln.startswith("| `")]
+    return [[c.strip().strip("`") for c in row] for row in rows]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_script("bench_inference")
+
+
+@pytest.fixture(scope="module")
+def ec(bench):
+    return load_script("eval_compressed")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A CartPole agent from ppo_torchcompile.py's smoke run."""
+    log_dir = tmp_path_factory.mktemp("cartpole") / "run"
+    run_script("ppo_torchcompile.py", *SMOKE, "--save-model", log_dir=log_dir)
+    return log_dir / "agent.pt"
+
+
+@pytest.mark.parametrize("family", ["classic", "atari"])
+def test_networks_are_the_scripts(bench, family):
+    """Same parameters, same numbers: the tool's network loads the script's weights and its acting step gives the
+    log-probability and value that the script's own Agent computes for that action."""
+    torch.manual_seed(0)
+    if family == "classic":
+        script = load_script("ppo_torchcompile").Agent(4, 2)
+        net, obs = bench.ClassicAgent(4, 2), torch.randn(16, 4)
+    else:
+        script = load_script("ppo_atari_envpool_torchcompile").Agent(4)
+        net, obs = bench.AtariAgent(4), torch.randint(0, 256, (16, 4, 84, 84), dtype=torch.uint8)
+    assert {k: v.shape for k, v in net.state_dict().items()} == {k: v.shape for k, v in script.state_dict().items()}
+    net.load_state_dict(script.state_dict())
+    with torch.no_grad():
+        action, logprob, value = bench.Policy(net, gaussian=False)(obs)
+        if family == "classic":
+            ref_logprob, _, ref_value = script(obs, action)
+        else:
+            _, ref_logprob, _, ref_value = script.get_action_and_value(obs, action)
+    torch.testing.assert_close(logprob, ref_logprob)
+    torch.testing.assert_close(value, ref_value)
+
+
+def test_gaussian_policy_matches_torch_distributions(bench):
+    torch.manual_seed(0)
+    net = bench.ContinuousAgent(17, 6)
+    with torch.no_grad():
+        net.actor_logstd.fill_(-0.5)
+        obs = torch.randn(32, 17)
+        action, logprob, value = bench.Policy(net, gaussian=True)(obs)
+        mean, logstd, ref_value = net(obs)
+        ref = torch.distributions.Normal(mean, logstd.exp()).log_prob(action).sum(-1)
+    torch.testing.assert_close(logprob, ref)
+    torch.testing.assert_close(value, ref_value)
+    assert action.shape == (32, 6) and not torch.equal(action, mean)  # sampled, not the mean
+
+
+def test_bench_inference_table(tmp_path):
+    table, plot = tmp_path / "inference.md", tmp_path / "inference.png"
+    proc = run_tool("bench_inference.py", "--families", "classic-64x2", "--configs", "eager", "cudagraphs",
+                    "int8-dynamic", "--batch-sizes", "4", "--repeats", "3", "--warmup", "1",
+                    "--table", str(table), "--plot", str(plot))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = table_rows(table)
+    assert [r[0] for r in rows] == ["eager", "int8-dynamic"]  # cudagraphs: no CUDA here
+    assert "Skipped here: `cudagraphs` (CUDA graphs need a CUDA device)" in table.read_text()
+    for row in rows:
+        assert float(re.match(r"([\d.]+) \(", row[1]).group(1)) > 0
+        assert len(row[2].split(" / ")) == 1  # a compile time per batch size
+    assert rows[0][1].endswith("(+0%)")  # eager is the reference
+    assert plot.stat().st_size > 0
+
+
+def play_actions(policy, env_id: str, steps: int = 20) -> np.ndarray:
+    envs = envpool.make(env_id, env_type="gymnasium", num_envs=4, seed=0)
+    obs, _ = envs.reset()
+    actions = []
+    with torch.no_grad():
+        for _ in range(steps):
+            action, logprob, value = policy(torch.from_numpy(obs))
+            assert torch.isfinite(logprob).all() and (logprob <= 0).all() and torch.isfinite(value).all()
+            actions.append(action.numpy())
+            obs, *_ = envs.step(action.numpy())
+    return np.stack(actions)
+
+
+def test_compressed_agents_act(ec, bench, checkpoint):
+    """Every compressed copy of a trained CartPole agent acts in the env (valid actions, finite outputs); the int8
+    and half-precision copies stay close to the fp32 agent, the structured-pruned ones really shrink."""
+    args = ec.Args(checkpoint=str(checkpoint))
+    agent, family, env_id, _ = ec.load_agent(args)
+    assert family == "classic_control" and env_id == "CartPole-v1"
+    obs = torch.from_numpy(envpool.make(env_id, env_type="gymnasium", num_envs=64, seed=0).reset()[0])
+    rows = ec.compressed(agent, args, obs)
+    assert list(rows) == ["fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "structured-25%", "structured-50%",
+                          "structured-75%", "unstructured-50%", "unstructured-75%", "unstructured-90%"]
+    with torch.no_grad():
+        ref_logits, ref_value = agent(obs)
+        for name, build in rows.items():
+            net = build()
+            actions = play_actions(bench.Policy(net, gaussian=False), env_id)
+            assert set(np.unique(actions)) <= {0, 1}, name
+            logits, value = net(obs)
+            if name in ("fp16", "bf16", "int8-dynamic", "int8-static"):
+                torch.testing.assert_close(logits.float(), ref_logits, atol=0.05, rtol=0.05)
+                torch.testing.assert_close(value.float(), ref_value, atol=0.05 * ref_value.abs().max(), rtol=0.05)
+            if name.startswith("structured"):
+                ratio = int(name[-3:-1]) / 100
+                assert net.actor[0].out_features == round(64 * (1 - ratio))
+                assert net.actor[4].out_features == 2 and net.critic[4].out_features == 1  # heads keep their outputs
+            if name.startswith("unstructured"):
+                assert ec.zero_fraction(net) >= int(name[-3:-1]) / 100 - 0.01
+
+
+def serialized_bytes(state_dict) -> int:
+    buffer = io.BytesIO()
+    torch.save(state_dict, buffer)
+    return len(buffer.getvalue())
+
+
+def test_eval_compressed_table(ec, checkpoint, tmp_path):
+    """One row per method; sizes are the serialized state_dicts' bytes. Eager (--no-compile): the compiled timings
+    cost a compile per method, tens of seconds each."""
+    table = tmp_path / "compression.md"
+    proc = run_tool("eval_compressed.py", str(checkpoint), "--episodes", "4", "--batch", "4", "--passes", "5",
+                    "--table", str(table), "--no-compile")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r[0]: r for r in table_rows(table)}
+    expected = [
+        "fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "structured-25%", "structured-50%", "structured-75%",
+        "unstructured-50%", "unstructured-75%", "unstructured-90%"]
+    assert list(rows) == expected
+    for r in rows.values():
+        mean = float(r[1].split()[0])
+        assert 1 <= mean <= 500  # CartPole returns
+        assert float(r[2]) > 0
+    size = {name: int(r[5]) for name, r in rows.items()}
+    for name, r in rows.items():
+        assert float(r[4]) == pytest.approx(size[name] / 1e6, abs=5e-4)  # MB from the same bytes
+    agent_state = torch.load(checkpoint, weights_only=True)["agent"]
+    assert size["fp32"] == serialized_bytes(agent_state)
+    assert size["int8-static"] < size["fp32"]
+    agent = ec.load_agent(ec.Args(checkpoint=str(checkpoint)))[0]
+    assert size["int8-dynamic"] == serialized_bytes(ec.int8_dynamic(agent).state_dict()) < size["fp32"]
+    assert size["fp16"] == serialized_bytes(agent.half().state_dict()) < size["fp32"]
+    assert size["structured-75%"] < size["structured-25%"] < size["fp32"]
+    assert size["unstructured-90%"] == size["fp32"]  # dense zeros weigh as much
+    assert rows["unstructured-90%"][6] == "90%"
+
+
+@pytest.mark.parametrize("flags,words", [
+    (("--batch-sizes", "0"), ("--batch-sizes", "positive")),
+    (("--families", "mujoco"), ("mujoco",)),
+    (("--repeats", "-1"), ("--repeats",)),
+])
+def test_bench_inference_bad_input(flags, words):
+    assert_user_error(run_tool("bench_inference.py", *flags), *words)
+
+
+def test_eval_compressed_bad_input(checkpoint, tmp_path):
+    assert_user_error(run_tool("eval_compressed.py", str(tmp_path / "missing.pt")), "no such file")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    assert_user_error(run_tool("eval_compressed.py", str(tmp_path / "junk.pt")), "not a checkpoint")
+    assert_user_error(run_tool("eval_compressed.py", str(checkpoint), "--env-id", "Breakout-v5"), "Breakout-v5")
+    assert_user_error(run_tool("eval_compressed.py", str(checkpoint), "--episodes", "0"), "--episodes")
+    assert_user_error(run_tool("eval_compressed.py"), "missing", "agent.pt")

@@ -1,0 +1,303 @@
+"""PPO continuous control (MuJoCo through envpool): smoke runs of both scripts, the normalizer against a plain numpy
+reference, envpool's auto-reset, GAE, the update against autograd and compiled against eager, checkpoints, bad input.
+
+Each script runs with --compile once, and the runs are shared by the assertions through module-scoped fixtures.
+"""
+
+import functools
+
+import envpool
+import numpy as np
+import pytest
+import torch
+
+from conftest import assert_rejected, load_script, read_metrics, read_summary, run_script, smoke_runs
+from test_ppo import numpy_gae
+
+SCRIPTS = ("ppo_continuous_action.py", "ppo_continuous_action_torchcompile.py")
+ROW_FIELDS = ("iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
+              "t_update", "lr", "approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
+SUMMARY_FIELDS = ("script", "env_id", "seed", "flags", "device", "torch", "cpu", "gpu", "num_threads",
+                  "total_timesteps", "wall_time", "fps", "final_return", "compile_time")
+# (script, extra flags): plain with --cudagraphs (ignored on CPU) and --save-model, then --compile
+RUNS = [(s, flags) for s in SCRIPTS for flags in (("--cudagraphs", "--save-model"), ("--compile",))]
+GAMMA = 0.99
+
+
+@pytest.fixture(scope="module")
+def base():
+    return load_script("ppo_continuous_action")
+
+
+@pytest.fixture(scope="module")
+def tc():
+    return load_script("ppo_continuous_action_torchcompile")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    return smoke_runs(RUNS, tmp_path_factory)
+
+
+@pytest.mark.parametrize("script,flags", RUNS, ids=[f"{s[:-3]}{''.join(f)}" for s, f in RUNS])
+def test_smoke_writes_logs(smoke, script, flags):
+    _, log_dir = smoke[script, flags]
+    rows = read_metrics(log_dir)
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4]  # 256 steps / (1 env x 64 steps)
+    assert [r["global_step"] for r in rows] == [64, 128, 192, 256]
+    for row in rows:
+        assert set(ROW_FIELDS) <= set(row), set(ROW_FIELDS) - set(row)
+        assert all(np.isfinite(row[k]) for k in ("pg_loss", "v_loss", "entropy", "approx_kl", "t_update"))
+        # HalfCheetah: 6 action dims, entropy 6 * (0.5 + 0.5 log 2 pi + log std) = 8.51 at std 1, moving slowly
+        assert abs(row["entropy"] - 8.51) < 0.1
+        assert row["episodic_return"] is None  # an episode is 1000 steps: none ends in 256
+    assert rows[0]["fps"] is None and rows[-1]["fps"] > 0  # fps counts only after the 3 burn-in iterations
+    assert rows[0]["lr"] == pytest.approx(3e-4) and rows[-1]["lr"] == pytest.approx(3e-4 / 4)  # annealed
+    summary = read_summary(log_dir)
+    assert set(SUMMARY_FIELDS) <= set(summary), set(SUMMARY_FIELDS) - set(summary)
+    assert summary["script"] == script[:-3] and summary["env_id"] == "HalfCheetah-v4"
+    assert summary["num_threads"] == 1 and summary["global_step"] == 256
+    assert (summary["compile_time"] is not None) == ("--compile" in flags)
+    if "--compile" in flags:
+        assert summary["compile_time"] > 0
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_cudagraphs_without_cuda_is_ignored_with_one_line(smoke, script):
+    proc, _ = smoke[script, ("--cudagraphs", "--save-model")]
+    said = [ln for ln in proc.stderr.splitlines() if "--cudagraphs" in ln]
+    assert len(said) == 1 and "ignored" in said[0], proc.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_checkpoint_holds_the_normalizer_and_resume_restores_it(smoke, script, tmp_path):
+    """The normalizer's statistics are in agent.pt, and a resumed run carries on from them: its counts continue
+    from the checkpoint's (a fresh normalizer would count only the resumed run's observations)."""
+    _, first = smoke[script, ("--cudagraphs", "--save-model")]
+    ckpt = torch.load(first / "agent.pt", weights_only=True)
+    assert ckpt["iteration"] == 4 and ckpt["global_step"] == 256
+    obs_rms, ret_rms = ckpt["normalizer"]["obs_rms"], ckpt["normalizer"]["ret_rms"]
+    assert obs_rms["mean"].shape == (17,) and obs_rms["var"].shape == (17,)
+    assert obs_rms["count"].item() == pytest.approx(1e-4 + 1 + 256)  # the reset observation and one per step
+    assert ret_rms["count"].item() == pytest.approx(1e-4 + 256)  # one discounted return per step
+    run_script(script, "--num-envs", "1", "--num-steps", "64", "--total-timesteps", "384", "--num-threads", "1",
+               "--resume", str(first / "agent.pt"), "--save-model", log_dir=tmp_path)
+    rows = read_metrics(tmp_path)
+    assert [r["iteration"] for r in rows] == [5, 6] and rows[-1]["global_step"] == 384
+    resumed = torch.load(tmp_path / "agent.pt", weights_only=True)["normalizer"]
+    assert resumed["obs_rms"]["count"].item() == pytest.approx(1e-4 + 257 + 1 + 128)  # envs restart: a new reset
+    assert resumed["ret_rms"]["count"].item() == pytest.approx(1e-4 + 384)
+
+
+def reference_normalizer(obs, rewards, dones, gamma, clip=10.0, eps=1e-8):
+    """Plain numpy, written from the definitions: observations normalized by the mean and variance of all the
+    observations seen so far (this one included), with gymnasium's prior of weight 1e-4 at mean 0, variance 1;
+    rewards divided by the std of all discounted returns seen so far, each return summed from its episode's start."""
+    T, N, _ = obs.shape
+    w = 1e-4
+    norm_obs, scaled = np.zeros_like(obs), np.zeros_like(rewards)
+    for t in range(T):
+        seen = obs[: t + 1].reshape(-1, obs.shape[2])
+        mean = seen.sum(0) / (len(seen) + w)
+        var = (w * 1.0 + (seen**2).sum(0)) / (len(seen) + w) - mean**2
+        norm_obs[t] = np.clip((obs[t] - mean) / np.sqrt(var + eps), -clip, clip)
+    returns = np.zeros_like(rewards)
+    for n in range(N):
+        start = 0
+        for t in range(T):
+            returns[t, n] = sum(gamma ** (t - k) * rewards[k, n] for k in range(start, t + 1))
+            if dones[t, n]:
+                start = t + 1
+    for t in range(T):
+        seen = returns[: t + 1].reshape(-1)
+        mean = seen.sum() / (len(seen) + w)
+        var = (w * 1.0 + (seen**2).sum()) / (len(seen) + w) - mean**2
+        scaled[t] = np.clip(rewards[t] / np.sqrt(var + eps), -clip, clip)
+    return norm_obs, scaled
+
+
+def normalizer_data():
+    """3 envs, 40 steps: observations with offsets and scales far from 0 and 1, episodes ending at different steps
+    (env 1 twice, env 2 never), and one reward large enough to be clipped."""
+    rng = np.random.default_rng(0)
+    T, N, D = 40, 3, 5
+    obs = rng.normal(size=(T, N, D)) * np.array([1.0, 5.0, 0.1, 2.0, 30.0]) + np.array([0.0, 3.0, -1.0, 50.0, 0.0])
+    rewards = rng.normal(1.0, 2.0, size=(T, N))
+    rewards[39, 0] = 1000.0  # last step: with the 120 returns seen by then, it scales to more than 10
+    dones = np.zeros((T, N), dtype=bool)
+    dones[[12, 25], 1] = True
+    dones[17, 0] = True
+    return obs, rewards, dones
+
+
+def test_normalizer_matches_numpy_reference(base):
+    obs, rewards, dones = normalizer_data()
+    expected_obs, expected_rewards = reference_normalizer(obs, rewards, dones, GAMMA)
+    normalizer = base.Normalizer(obs.shape[1], obs.shape[2], GAMMA)
+    got_obs = np.stack([normalizer.obs(o) for o in obs])
+    got_rewards = np.stack([normalizer.reward(r, d) for r, d in zip(rewards, dones)])
+    np.testing.assert_allclose(got_obs, expected_obs, rtol=1e-7, atol=1e-7)
+    np.testing.assert_allclose(got_rewards, expected_rewards, rtol=1e-7, atol=1e-7)
+    assert np.abs(got_rewards).max() == 10.0  # the large reward was clipped
+
+
+def test_torch_normalizer_matches_numpy_reference(tc):
+    """The torchcompile script's normalizer: per-step observations, per-step discounted returns on the host, and the
+    reward scaling of a whole rollout at once, in two rollouts of 20 steps (the statistics carry over)."""
+    obs, rewards, dones = normalizer_data()
+    expected_obs, expected_rewards = reference_normalizer(obs, rewards, dones, GAMMA)
+    normalizer = tc.Normalizer(obs.shape[1], obs.shape[2], GAMMA, "cpu")
+    got_obs = torch.stack([normalizer.obs(torch.from_numpy(o)) for o in obs])
+    assert got_obs.dtype == torch.float32
+    got_rewards = []
+    for part in (slice(0, 20), slice(20, 40)):
+        returns = np.stack([normalizer.discounted_return(r, d) for r, d in zip(rewards[part], dones[part])])
+        got_rewards.append(normalizer.rewards(torch.from_numpy(rewards[part]), torch.from_numpy(returns)))
+    np.testing.assert_allclose(got_obs.numpy(), expected_obs, rtol=1e-5, atol=1e-5)  # float32 out
+    np.testing.assert_allclose(torch.cat(got_rewards).numpy(), expected_rewards, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_normalizer_updates_the_same_statistics(tc):
+    """Under torch.compile the in-place updates of the statistics still reach the normalizer's tensors."""
+    obs = torch.from_numpy(normalizer_data()[0])
+    eager, compiled = (tc.Normalizer(3, 5, GAMMA, "cpu") for _ in range(2))
+    step = torch.compile(compiled.obs)
+    for o in obs:
+        torch.testing.assert_close(step(o), eager.obs(o))
+    for name in ("mean", "var", "count"):
+        torch.testing.assert_close(getattr(compiled.obs_rms, name), getattr(eager.obs_rms, name))
+
+
+@pytest.mark.parametrize("name", ["ppo_continuous_action", "ppo_continuous_action_torchcompile"])
+def test_auto_reset_keeps_every_transition_real(name):
+    """envpool resets an env on the step after its episode ended (reward 0, action ignored). env_step resets at
+    once: with 5-step episodes, episodes end every 5 steps (not 6), no reward is the dead step's 0, and the logged
+    return is the sum of the episode's raw rewards."""
+    module = load_script(name)
+    envs = envpool.make("HalfCheetah-v4", env_type="gymnasium", num_envs=2, seed=3, max_episode_steps=5)
+    envs.reset()
+    stats = module.EpisodeStats(2)
+    actions = np.random.default_rng(0).uniform(-1, 1, size=(15, 2, 6))
+    rewards, dones = [], []
+    for a in actions:
+        _, reward, done = module.env_step(envs, a)
+        stats.step(reward, done)
+        rewards.append(reward)
+        dones.append(done)
+    rewards, dones = np.array(rewards), np.array(dones)
+    assert [t for t in range(15) if dones[t, 0]] == [4, 9, 14] and (dones[:, 0] == dones[:, 1]).all()
+    assert (rewards != 0).all()
+    expected = [rewards[s:s + 5, n].sum() for s in (0, 5, 10) for n in (0, 1)]
+    np.testing.assert_allclose(list(stats.returns), expected, rtol=1e-5)  # float32 rewards, summed in another order
+
+
+@pytest.mark.parametrize("n_envs", [1, 3])
+def test_gae_matches_numpy_reference(tc, n_envs):
+    rng = np.random.default_rng(n_envs)
+    T = 64
+    rewards, values = rng.normal(size=(T, n_envs)), rng.normal(size=(T, n_envs))
+    dones = (rng.random((T, n_envs)) < 0.1).astype(np.float64)
+    next_value, next_done = rng.normal(size=n_envs), (rng.random(n_envs) < 0.5).astype(np.float64)
+    f32 = functools.partial(torch.tensor, dtype=torch.float32)
+    adv, ret = tc.gae(f32(next_value), f32(next_done), f32(rewards), f32(dones), f32(values), GAMMA, 0.95)
+    expected = numpy_gae(rewards, dones, values, next_value, next_done, GAMMA, 0.95)
+    np.testing.assert_allclose(adv.numpy(), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ret.numpy(), expected + values, rtol=1e-4, atol=1e-4)
+
+
+def random_batch(n):
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(n, 17, generator=g), torch.randn(n, 6, generator=g), -8.5 + torch.randn(n, generator=g),
+            torch.randn(n, generator=g), torch.randn(n, generator=g), torch.randn(n, generator=g)]
+
+
+def make_update_state(tc, seed):
+    torch.manual_seed(seed)
+    agent = tc.Agent(17, 6)
+    with torch.no_grad():
+        agent.actor_logstd.uniform_(-0.5, 0.5)  # a std other than 1, so that the Gaussian's formulas are exercised
+    lr = torch.tensor(3e-4)
+    return agent, tc.make_optimizer(agent, lr, capturable=False), lr
+
+
+def test_update_matches_autograd_with_torch_distributions(base, tc):
+    """The torchcompile `update` (hand-written Gaussian log-prob and entropy, func.grad, functional Adam) against the
+    baseline: its Agent (torch.distributions.Normal) and the plain loss.backward(); clip; Adam.step()."""
+    args = tc.Args()
+    agent, optimizer, lr = make_update_state(tc, 0)
+    reference = base.Agent(17, 6)
+    reference.load_state_dict(agent.state_dict())
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=3e-4, eps=1e-5)
+    obs, actions, logprobs, advantages, returns, values = random_batch(256)
+    inds = torch.randperm(256)[:64]
+    for _ in range(3):  # a few steps, so Adam's moments and bias correction are exercised
+        stats = tc.update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, returns, values, inds)
+        _, newlogprob, entropy, newvalue = reference.get_action_and_value(obs[inds], actions[inds])
+        ratio = (newlogprob - logprobs[inds]).exp()
+        adv = (advantages[inds] - advantages[inds].mean()) / (advantages[inds].std() + 1e-8)
+        pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(0.8, 1.2)).mean()
+        newvalue = newvalue.view(-1)
+        v_clipped = values[inds] + (newvalue - values[inds]).clamp(-0.2, 0.2)
+        v_loss = 0.5 * torch.max((newvalue - returns[inds]) ** 2, (v_clipped - returns[inds]) ** 2).mean()
+        loss = pg_loss - args.ent_coef * entropy.mean() + args.vf_coef * v_loss
+        ref_opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), args.max_grad_norm)
+        ref_opt.step()
+        torch.testing.assert_close(stats[2:5], torch.stack([pg_loss, v_loss, entropy.mean()]).detach(),
+                                   rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(agent.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_compiled_update_matches_eager(tc):
+    """Same seed and state: the compiled update gives the eager update's losses and parameters.
+    Tolerance: float32 with the reductions reordered by inductor, a few ulps on O(1) values. Adam's first step moves
+    a parameter by lr * g / (|g| + eps), at most lr, and is sensitive to gradient rounding only where |g| ~ eps:
+    parameters must agree within 1% of lr (seen: 0.05%)."""
+    args = tc.Args()
+    batch, inds = random_batch(256), torch.randperm(256)[:64]
+    results = []
+    for compiled in (False, True):
+        agent, optimizer, lr = make_update_state(tc, 0)
+        update = functools.partial(tc.update, agent, optimizer, lr, args)
+        stats = (torch.compile(update) if compiled else update)(*batch, inds)
+        results.append((stats, [p.detach().clone() for p in agent.parameters()],
+                        [optimizer.state[p]["exp_avg_sq"].clone() for p in agent.parameters()]))
+    (s0, p0, v0), (s1, p1, v1) = results
+    torch.testing.assert_close(s1, s0, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(p0[0], next(make_update_state(tc, 0)[0].parameters()))  # the step did move them
+    for a, b in zip(p0, p1):
+        torch.testing.assert_close(b, a, rtol=0, atol=0.01 * args.learning_rate)
+    for a, b in zip(v0, v1):  # Adam's second moments: the squared gradients
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-12)
+
+
+def test_rollout_noise_samples_the_policy_gaussian(tc):
+    """act() = mean + rollout_noise: its samples have the policy's mean and std, per action dimension."""
+    torch.manual_seed(0)
+    agent = make_update_state(tc, 0)[0]
+    x = torch.zeros(1, 17)
+    with torch.no_grad():
+        samples = agent.act(x, agent.rollout_noise((100_000, 1, 6)))
+        mean, std = agent.actor_mean(x)[0], agent.actor_logstd.exp()[0]
+    torch.testing.assert_close(samples.mean((0, 1)), mean, rtol=0, atol=0.02)  # ~5 standard errors
+    torch.testing.assert_close(samples.std((0, 1)), std, rtol=0.02, atol=0)
+
+
+DISCRETE = [
+    (["--env-id", "CartPole-v1"], ["CartPole-v1", "classic-control", "leanrl/ppo.py"]),
+    (["--env-id", "Breakout-v5"], ["Breakout-v5", "Atari", "ppo_atari_envpool.py"]),
+]
+BAD_INPUT = [
+    (["--env-id", "CheetahRun-v1"], ["CheetahRun-v1", "HalfCheetah-v4"]),
+    (["--num-minibatches", "3"], ["does not divide"]),
+    (["--resume", "/nonexistent/agent.pt"], ["no such file"]),
+]
+# one discrete-action id against each script; the other mistakes share check_args, so one script covers them
+CASES = [(s, *case) for s, case in zip(SCRIPTS, DISCRETE)] + [(SCRIPTS[1], *case) for case in BAD_INPUT]
+
+
+@pytest.mark.parametrize("script,flags,words", CASES, ids=[f"{s[:-3]} {' '.join(f)}" for s, f, _ in CASES])
+def test_bad_input(script, flags, words, log_dir):
+    assert_rejected(script, flags, words, log_dir)
