@@ -13,16 +13,19 @@ log-prob ratios and value targets stay fp32; it is opt-in because on Breakout it
 """
 
 import contextlib
+import copy
 import io
 import json
 import os
 import platform
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
 from functools import partial
+from types import SimpleNamespace
 from typing import Optional
 
 import envpool
@@ -91,6 +94,12 @@ class Args:
 
     compile: bool = False
     """if toggled, wrap policy, gae and update in torch.compile"""
+    compile_async: bool = False
+    """with --compile: train eagerly from the first step while gae and update compile and warm up in a background
+    thread, then swap them in at an iteration boundary (summary.json: compile_time, swap_iteration, time_to_compiled)"""
+    compile_swap_iteration: Optional[int] = None
+    """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
+    reproducible eager/compiled split); default: the first iteration boundary after it is done"""
     cudagraphs: bool = False
     """if toggled, wrap policy, gae and update in tensordict's CudaGraphModule (CUDA only; ignored on CPU)"""
     bf16: bool = False
@@ -153,6 +162,10 @@ def check_args(args: Args):
         fail(f"--resume {args.resume}: no such file")
     if args.num_threads <= 0:
         fail(f"--num-threads must be positive, got {args.num_threads}")
+    if args.compile_async and not args.compile:
+        fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
+    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
+        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
     if args.capture_video:
         fail("--capture-video is not supported: envpool renders no frames")
     if args.target_kl is not None and args.cudagraphs:
@@ -228,11 +241,13 @@ class Agent(nn.Module):
     def get_value(self, x):
         return self.critic(self.trunk(x)).squeeze(-1)
 
-    def get_action_and_value(self, x, action=None):
+    def get_action_and_value(self, x, action=None, gumbel=None):
+        """With no `action`, one is sampled as argmax(log p + `gumbel`), Gumbel noise drawn by the caller: exact
+        Categorical sampling (the Gumbel-max trick) with no random number drawn in here."""
         hidden = self.trunk(x)
         logp = torch.log_softmax(self.actor(hidden), dim=-1)
         if action is None:
-            action = torch.multinomial(logp.exp(), 1).squeeze(-1)
+            action = (logp + gumbel).argmax(-1)
         logprob = logp.gather(-1, action.unsqueeze(-1)).squeeze(-1)
         entropy = -(logp.exp() * logp).sum(-1)
         return action, logprob, entropy, self.critic(hidden).squeeze(-1)
@@ -247,20 +262,21 @@ def inference_copy(agent: Agent) -> Agent:
     return copy
 
 
-def policy(agent: Agent, obs):
-    action, logprob, _, value = agent.get_action_and_value(obs)
+def policy(agent: Agent, obs, gumbel):
+    action, logprob, _, value = agent.get_action_and_value(obs, gumbel=gumbel)
     return action, logprob, value
 
 
-def rollout(envs, policy, next_obs, next_done, buf: TensorDict, stats: EpisodeStats):
-    """num_steps of every env into the preallocated buffer; returns the last observation and the time split."""
+def rollout(envs, policy, next_obs, next_done, buf: TensorDict, stats: EpisodeStats, gumbel):
+    """num_steps of every env into the preallocated buffer, acting with the rollout's Gumbel noise `gumbel`
+    [steps, envs, actions]; returns the last observation and the time split."""
     t_env = t_policy = 0.0
     device = next_obs.device
     for step in range(buf.shape[0]):
         t0 = time.perf_counter()
         buf["obs"][step] = next_obs
         buf["dones"][step] = next_done
-        action, logprob, value = policy(next_obs)
+        action, logprob, value = policy(next_obs, gumbel[step])
         buf["actions"][step], buf["logprobs"][step], buf["values"][step] = action, logprob, value
         t1 = time.perf_counter()
         obs_np, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
@@ -312,6 +328,82 @@ def update(agent: Agent, optimizer, args: Args, obs, actions, logprobs, advantag
     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
     optimizer.step()
     return torch.stack([approx_kl, clipfrac, pg_loss.detach(), v_loss.detach(), entropy_loss.detach()])
+
+
+def make_units(agent: Agent, agent_inference: Agent, args: Args, device, compiled: bool):
+    """The training state around `agent` (optimizer) and the units the loop calls, compiled if `compiled`.
+    `agent_inference` is the rollout's copy of `agent`; it is made to share `agent`'s storage here."""
+    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    # lr is a tensor updated in place, so annealing never re-traces the compiled update; CUDA graphs replay the
+    # Adam step with its counters on the device (capturable), which torch.compile arranges by itself
+    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(args.learning_rate, device=device), eps=1e-5,
+                                 capturable=args.cudagraphs and not args.compile)
+    u = SimpleNamespace(agent=agent, agent_inference=agent_inference, optimizer=optimizer,
+                        act=partial(policy, agent_inference),
+                        advantage=partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda),
+                        learn=partial(update, agent, optimizer, args))
+    if compiled:
+        u.act, u.advantage, u.learn = torch.compile(u.act), torch.compile(u.advantage), torch.compile(u.learn)
+    return u
+
+
+def add_cudagraphs(u):
+    u.act, u.advantage, u.learn = CudaGraphModule(u.act), CudaGraphModule(u.advantage), CudaGraphModule(u.learn)
+
+
+def warm_up(u, args: Args, device, obs_shape, n_actions: int):
+    """Call every unit on dummy inputs of the loop's shapes (zeros), so that each compiles now. No random numbers are
+    drawn: the policy samples with the noise it is given."""
+    zeros = torch.zeros(args.num_steps, args.num_envs, device=device)
+    u.act(torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8, device=device),
+          torch.zeros(args.num_envs, n_actions, device=device))
+    u.advantage(zeros[0], zeros[0], zeros, zeros, zeros)
+    mb = args.minibatch_size
+    obs = torch.zeros((mb,) + obs_shape, dtype=torch.uint8, device=device)
+    actions = torch.zeros(mb, dtype=torch.long, device=device)
+    for _ in range(2):  # the first Adam step creates the optimizer's state, the second runs the steady graph
+        u.learn(obs, actions, *torch.zeros(4, mb, device=device))
+    return u
+
+
+class BackgroundCompile:
+    """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
+    trains eagerly; Dynamo traces with the GIL and Inductor's C++ compiler runs in subprocesses, so the eager loop
+    keeps going at most of its speed. A failure in the thread is raised in the loop by result()."""
+
+    def __init__(self, build):
+        self.units = self.error = self.seconds = None
+        self.thread = threading.Thread(target=self.run, args=(build,), daemon=True)  # Ctrl-C does not wait for it
+        self.thread.start()
+
+    def run(self, build):
+        t0 = time.perf_counter()
+        try:
+            self.units = build()
+        except Exception as e:
+            self.error = e
+        self.seconds = time.perf_counter() - t0
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def result(self):
+        self.thread.join()
+        if self.error is not None:
+            raise RuntimeError("the background compile failed") from self.error
+        return self.units
+
+
+def load_units(dst, src):
+    """Copy the training state of units `src` into units `dst` in place (the compiled code keeps the tensors it was
+    traced with): parameters, Adam's moments, step counts and lr; no Adam state yet (no update so far) is zeros, as
+    Adam would create it. Exact copies: the swap changes no result."""
+    with torch.no_grad():
+        for p, q in zip(src.agent.parameters(), dst.agent.parameters()):
+            q.copy_(p)
+            for key, value in dst.optimizer.state[q].items():
+                value.copy_(src.optimizer.state[p][key]) if src.optimizer.state[p] else value.zero_()
+        dst.optimizer.param_groups[0]["lr"].copy_(src.optimizer.param_groups[0]["lr"])
 
 
 STAT_NAMES = ("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
@@ -387,20 +479,19 @@ def main(args: Args):
 
     ckpt = load_checkpoint(args) if args.resume else None
     envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
+    # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
+    # global generator after compiling each function, and with --compile-async that happens in another thread,
+    # mid-rollout, which would replay numbers the loop already drew
+    rng = torch.Generator(device).manual_seed(args.seed)
     agent = Agent(envs.action_space.n, use_bf16).to(device)
-    agent_inference = inference_copy(agent)
-    # lr is a tensor updated in place, so annealing never re-traces the compiled update; CUDA graphs replay the
-    # Adam step with its counters on the device (capturable), which torch.compile arranges by itself
-    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(args.learning_rate, device=device), eps=1e-5,
-                                 capturable=args.cudagraphs and not args.compile)
-
-    act = partial(policy, agent_inference)
-    advantage = partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda)
-    learn = partial(update, agent, optimizer, args)
-    if args.compile:
-        act, advantage, learn = torch.compile(act), torch.compile(advantage), torch.compile(learn)
-    if args.cudagraphs:
-        act, advantage, learn = CudaGraphModule(act), CudaGraphModule(advantage), CudaGraphModule(learn)
+    u = make_units(agent, inference_copy(agent), args, device, args.compile and not args.compile_async)
+    if args.cudagraphs and not args.compile_async:
+        add_cudagraphs(u)
+    pending = None
+    if args.compile_async:  # a second set of units on copies of the agent (deepcopy draws no random numbers)
+        twin = copy.deepcopy(agent)
+        pending = BackgroundCompile(lambda: warm_up(make_units(twin, copy.deepcopy(twin), args, device, True), args,
+                                                    device, envs.observation_space.shape, envs.action_space.n))
 
     shape = (args.num_steps, args.num_envs)
     buf = TensorDict(obs=torch.zeros(shape + envs.observation_space.shape, dtype=torch.uint8),
@@ -411,9 +502,9 @@ def main(args: Args):
     stats = EpisodeStats(args.num_envs)
     global_step, start_iteration = 0, 1
     if ckpt:
-        agent.load_state_dict(ckpt["agent"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        torch.set_rng_state(ckpt["torch_rng"])
+        u.agent.load_state_dict(ckpt["agent"])
+        u.optimizer.load_state_dict(ckpt["optimizer"])
+        rng.set_state(ckpt["rng"])
         stats.returns.extend(ckpt["returns"].tolist())
         stats.lengths.extend(ckpt["lengths"].tolist())
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
@@ -422,8 +513,8 @@ def main(args: Args):
 
     def checkpoint(iteration):
         save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            agent=agent.state_dict(), optimizer=optimizer.state_dict(), args=asdict(args), iteration=iteration,
-            global_step=global_step, torch_rng=torch.get_rng_state(),
+            agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args), iteration=iteration,
+            global_step=global_step, rng=rng.get_state(),
             returns=torch.tensor(list(stats.returns), dtype=torch.float64),
             lengths=torch.tensor(list(stats.lengths), dtype=torch.float64)))
 
@@ -437,18 +528,30 @@ def main(args: Args):
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
+    compiled_from = start_iteration if args.compile and not args.compile_async else None
+    swap_iteration = time_to_compiled = compile_time = None
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
+            swap_at = args.compile_swap_iteration
+            if pending and (iteration >= swap_at if swap_at else pending.done()):
+                compiled, compile_time = pending.result(), pending.seconds
+                load_units(compiled, u)
+                if args.cudagraphs:
+                    add_cudagraphs(compiled)
+                u, pending, compiled_from, swap_iteration = compiled, None, iteration, iteration
+                bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)", file=sys.stderr)
             if args.anneal_lr:
-                optimizer.param_groups[0]["lr"].copy_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
+                lr = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+                u.optimizer.param_groups[0]["lr"].copy_(lr)
 
-            next_obs, next_done, t_env, t_policy = rollout(envs, act, next_obs, next_done, buf, stats)
+            gumbel = -torch.empty(shape + (envs.action_space.n,), device=device).exponential_(generator=rng).log()
+            next_obs, next_done, t_env, t_policy = rollout(envs, u.act, next_obs, next_done, buf, stats, gumbel)
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
 
             t0 = time.perf_counter()
-            buf["advantages"], buf["returns"] = advantage(agent_inference.get_value(next_obs), next_done,
+            buf["advantages"], buf["returns"] = u.advantage(u.agent_inference.get_value(next_obs), next_done,
                                                           buf["rewards"], buf["values"], buf["dones"])
             t_gae = time.perf_counter() - t0
 
@@ -456,10 +559,10 @@ def main(args: Args):
             flat = buf.reshape(-1)
             losses = []
             for epoch in range(args.update_epochs):
-                for mb_inds in torch.randperm(args.batch_size, device=device).split(args.minibatch_size):
+                for mb_inds in torch.randperm(args.batch_size, device=device, generator=rng).split(args.minibatch_size):
                     mb = flat[mb_inds]
                     # clone: CUDA graphs hand back the same output buffer at every replay
-                    losses.append(learn(mb["obs"], mb["actions"], mb["logprobs"], mb["advantages"], mb["returns"],
+                    losses.append(u.learn(mb["obs"], mb["actions"], mb["logprobs"], mb["advantages"], mb["returns"],
                                         mb["values"]).clone())
                 if args.target_kl is not None and losses[-1][0] > args.target_kl:
                     break
@@ -477,13 +580,16 @@ def main(args: Args):
             row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
                        episodic_return=stats.mean_return(), episodic_length=stats.mean_length(),
                        t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
-                       t_gae=t_gae, t_update=t_update, lr=optimizer.param_groups[0]["lr"].item(),
+                       t_gae=t_gae, t_update=t_update, lr=u.optimizer.param_groups[0]["lr"].item(),
+                       compiled=compiled_from is not None,
                        **dict(zip(STAT_NAMES, losses)))
             metrics.write(json.dumps(row) + "\n")
             if run:
                 run.log(row, step=global_step)
             bar.update(args.batch_size)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
+            if iteration == compiled_from:
+                time_to_compiled = now - start
             if stop.set:
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -500,7 +606,9 @@ def main(args: Args):
                    num_threads=torch.get_num_threads(), bf16=use_bf16, total_timesteps=args.total_timesteps,
                    global_step=global_step, wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
                    final_return=stats.mean_return(),
-                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
+                   compile_time=compile_time if args.compile_async else
+                   iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
+                   swap_iteration=swap_iteration, time_to_compiled=time_to_compiled,
                    interrupted=stop.set)
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)

@@ -23,6 +23,7 @@ doc/continuous_control.md has the measurements behind each of these.
 """
 
 import contextlib
+import copy
 import functools
 import io
 import json
@@ -31,9 +32,11 @@ import os
 import platform
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 from typing import Optional
 
 import envpool
@@ -103,6 +106,12 @@ class Args:
 
     compile: bool = False
     """if toggled, wrap the policy, normalize and update units in torch.compile"""
+    compile_async: bool = False
+    """with --compile: train eagerly from the first step while the units compile and warm up in a background thread,
+    then swap them in at an iteration boundary (summary.json: compile_time, swap_iteration, time_to_compiled)"""
+    compile_swap_iteration: Optional[int] = None
+    """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
+    reproducible eager/compiled split); default: the first iteration boundary after it is done"""
     cudagraphs: bool = False
     """if toggled, wrap the policy, normalize and update units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     measure_burnin: int = 3
@@ -165,6 +174,10 @@ def check_args(args: Args):
         fail(f"--resume {args.resume}: no such file")
     if args.num_threads <= 0:
         fail(f"--num-threads must be positive, got {args.num_threads}")
+    if args.compile_async and not args.compile:
+        fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
+    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
+        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
     if args.capture_video:
         fail("--capture-video is not supported: envpool renders no frames")
     check_env_id(args.env_id)
@@ -311,10 +324,10 @@ class Agent(nn.Module):
     def get_value(self, x):
         return self.critic(x).squeeze(-1)
 
-    def rollout_noise(self, shape):
+    def rollout_noise(self, shape, rng: torch.Generator):
         """The exploration noise of a whole rollout, std * N(0, 1), drawn in one call: the parameters do not change
         during a rollout, so a step only adds it to the mean."""
-        return self.actor_logstd.exp() * torch.randn(shape, device=self.actor_logstd.device)
+        return self.actor_logstd.exp() * torch.randn(shape, device=self.actor_logstd.device, generator=rng)
 
     def act(self, x, noise):
         """One rollout step: a sample of Normal(mean, std) as mean + std * N(0, 1). Acting needs nothing else: the
@@ -429,6 +442,93 @@ def make_optimizer(agent, lr, capturable: bool):
     return optimizer
 
 
+def make_units(agent, agent_inference, normalizer, args, device, compiled: bool):
+    """The training state around `agent` (optimizer, lr, observation normalizer) and the units the loop calls,
+    compiled if `compiled`. `agent_inference` becomes the rollout's copy: same storage, plain tensors without
+    requires_grad."""
+    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
+    optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
+    u = SimpleNamespace(agent=agent, optimizer=optimizer, lr=lr, normalizer=normalizer, normalize=normalizer.obs,
+                        policy=agent_inference.act, rollout_noise=agent_inference.rollout_noise,
+                        evaluate=agent_inference.forward, get_value=agent_inference.get_value,
+                        update=functools.partial(update, agent, optimizer, lr, args))
+    if compiled:
+        # compile only what pays back its compile time: the per-step normalizer (~80 -> ~40 us a call on a CPU) and
+        # the 320 updates of an iteration. On a CPU the policy step stays eager: compiled it costs more (~90 vs ~45
+        # us); evaluate and get_value run once an iteration and would save less than a millisecond.
+        if device.type == "cuda":
+            u.policy = torch.compile(u.policy)
+            u.evaluate = torch.compile(u.evaluate)
+            u.get_value = torch.compile(u.get_value)
+        u.normalize = torch.compile(u.normalize)
+        u.update = torch.compile(u.update)
+    return u
+
+
+def add_cudagraphs(u):
+    for name in ("policy", "normalize", "evaluate", "get_value", "update"):
+        setattr(u, name, CudaGraphModule(getattr(u, name)))
+
+
+def warm_up(u, args, device, n_obs: int, n_actions: int):
+    """Call every unit on dummy inputs of the loop's shapes and layouts, so that each compiles now. Zeros only: no
+    random numbers are drawn, so the training run's random stream is the same as without --compile-async."""
+    T, N = args.num_steps, args.num_envs
+    obs, actions = torch.zeros(T, N, n_obs, device=device), torch.zeros(T, N, n_actions, device=device)
+    zeros = torch.zeros(T, N, device=device)
+    u.normalize(torch.zeros(N, n_obs, dtype=torch.float64, device=device))
+    u.policy(obs[0], actions[0])
+    logprobs, _, values = u.evaluate(obs, actions)
+    advantages, returns = gae(u.get_value(obs[0]), zeros[0], zeros, zeros, values, args.gamma, args.gae_lambda)
+    batch = [x.flatten(0, 1) for x in (obs, actions, logprobs, advantages, returns, values)]
+    for inds in torch.arange(args.batch_size, device=device).view(args.num_minibatches, -1):
+        u.update(*batch, inds)
+    return u
+
+
+class BackgroundCompile:
+    """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
+    trains eagerly; Dynamo traces with the GIL and Inductor's C++ compiler runs in subprocesses, so the eager loop
+    keeps going at most of its speed. A failure in the thread is raised in the loop by result()."""
+
+    def __init__(self, build):
+        self.units = self.error = self.seconds = None
+        self.thread = threading.Thread(target=self.run, args=(build,), daemon=True)  # Ctrl-C does not wait for it
+        self.thread.start()
+
+    def run(self, build):
+        t0 = time.perf_counter()
+        try:
+            self.units = build()
+        except Exception as e:
+            self.error = e
+        self.seconds = time.perf_counter() - t0
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def result(self):
+        self.thread.join()
+        if self.error is not None:
+            raise RuntimeError("the background compile failed") from self.error
+        return self.units
+
+
+def load_units(dst, src):
+    """Copy the training state of units `src` into units `dst` in place (the compiled code keeps the tensors it was
+    traced with): parameters, Adam's moments and step counts, lr, the normalizer. Exact copies: the swap changes no
+    result."""
+    with torch.no_grad():
+        for p, q in zip(src.agent.parameters(), dst.agent.parameters()):
+            q.copy_(p)
+            for key, value in src.optimizer.state[p].items():
+                dst.optimizer.state[q][key].copy_(value)
+        dst.lr.copy_(src.lr)
+    dst.normalizer.load_state_dict(src.normalizer.state_dict())
+    dst.normalizer.ret = src.normalizer.ret.copy()
+
+
 def machine_info(device: torch.device) -> dict:
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
@@ -492,37 +592,22 @@ def main(args: Args):
 
     ckpt = load_checkpoint(args) if args.resume else None
     envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
+    # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
+    # global generator after compiling each function, and with --compile-async that happens in another thread,
+    # mid-rollout, which would replay numbers the loop already drew
+    rng = torch.Generator(device).manual_seed(args.seed)
     n_obs, n_actions = envs.observation_space.shape[0], envs.action_space.shape[0]
     action_bounds = (envs.action_space.low, envs.action_space.high)
     agent = Agent(n_obs, n_actions).to(device)
-    # the rollout's copy: same storage, plain tensors without requires_grad
-    agent_inference = Agent(n_obs, n_actions).to(device)
-    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
-    lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
-    optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
-    normalizer = Normalizer(args.num_envs, n_obs, args.gamma, device)
-
-    policy = agent_inference.act
-    normalize = normalizer.obs
-    evaluate = agent_inference.forward
-    get_value = agent_inference.get_value
-    update_fn = functools.partial(update, agent, optimizer, lr, args)
-    if args.compile:
-        # compile only what pays back its compile time: the per-step normalizer (~80 -> ~40 us a call on a CPU) and
-        # the 320 updates of an iteration. On a CPU the policy step stays eager: compiled it costs more (~90 vs ~45
-        # us); evaluate and get_value run once an iteration and would save less than a millisecond.
-        if device.type == "cuda":
-            policy = torch.compile(policy)
-            evaluate = torch.compile(evaluate)
-            get_value = torch.compile(get_value)
-        normalize = torch.compile(normalize)
-        update_fn = torch.compile(update_fn)
-    if args.cudagraphs:
-        policy = CudaGraphModule(policy)
-        normalize = CudaGraphModule(normalize)
-        evaluate = CudaGraphModule(evaluate)
-        get_value = CudaGraphModule(get_value)
-        update_fn = CudaGraphModule(update_fn)
+    u = make_units(agent, Agent(n_obs, n_actions).to(device), Normalizer(args.num_envs, n_obs, args.gamma, device),
+                   args, device, args.compile and not args.compile_async)
+    if args.cudagraphs and not args.compile_async:
+        add_cudagraphs(u)
+    pending = None
+    if args.compile_async:  # a second set of units on copies of the agent, compiled off the critical path
+        twin, twin_normalizer = copy.deepcopy(agent), copy.deepcopy(u.normalizer)
+        pending = BackgroundCompile(lambda: warm_up(make_units(twin, copy.deepcopy(twin), twin_normalizer, args, device,
+                                                               True), args, device, n_obs, n_actions))
 
     shape = (args.num_steps, args.num_envs)
     buf = dict(obs=torch.zeros(shape + (n_obs,), device=device), actions=torch.zeros(shape + (n_actions,), device=device),
@@ -531,19 +616,19 @@ def main(args: Args):
     stats = EpisodeStats(args.num_envs)
     global_step, start_iteration = 0, 1
     if ckpt:
-        agent.load_state_dict(ckpt["agent"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        normalizer.load_state_dict(ckpt["normalizer"])
-        torch.set_rng_state(ckpt["torch_rng"])
+        u.agent.load_state_dict(ckpt["agent"])
+        u.optimizer.load_state_dict(ckpt["optimizer"])
+        u.normalizer.load_state_dict(ckpt["normalizer"])
+        rng.set_state(ckpt["rng"])
         stats.returns.extend(ckpt["returns"].tolist())
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-    next_obs = normalize(torch.from_numpy(envs.reset()[0]).to(device))
+    next_obs = u.normalize(torch.from_numpy(envs.reset()[0]).to(device))
     next_done = np.zeros(args.num_envs, dtype=bool)
 
     def checkpoint(iteration):
         save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            agent=agent.state_dict(), optimizer=optimizer.state_dict(), normalizer=normalizer.state_dict(),
-            args=asdict(args), iteration=iteration, global_step=global_step, torch_rng=torch.get_rng_state(),
+            agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), normalizer=u.normalizer.state_dict(),
+            args=asdict(args), iteration=iteration, global_step=global_step, rng=rng.get_state(),
             returns=torch.tensor(list(stats.returns), dtype=torch.float64)))
 
     run = None
@@ -556,24 +641,34 @@ def main(args: Args):
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
+    compiled_from = start_iteration if args.compile and not args.compile_async else None
+    swap_iteration = time_to_compiled = compile_time = None
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
+            swap_at = args.compile_swap_iteration
+            if pending and (iteration >= swap_at if swap_at else pending.done()):
+                compiled, compile_time = pending.result(), pending.seconds
+                load_units(compiled, u)
+                if args.cudagraphs:
+                    add_cudagraphs(compiled)
+                u, pending, compiled_from, swap_iteration = compiled, None, iteration, iteration
+                bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)", file=sys.stderr)
             if args.anneal_lr:
-                lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
+                u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
 
-            noise = agent_inference.rollout_noise(buf["actions"].shape)
-            next_obs, next_done, t_env, t_policy = rollout(envs, policy, normalize, normalizer, next_obs, next_done,
-                                                           buf, stats, noise, action_bounds)
+            noise = u.rollout_noise(buf["actions"].shape, rng)
+            next_obs, next_done, t_env, t_policy = rollout(envs, u.policy, u.normalize, u.normalizer, next_obs,
+                                                           next_done, buf, stats, noise, action_bounds)
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
 
             t0 = time.perf_counter()
-            logprobs, _, values = evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
+            logprobs, _, values = u.evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
             buf["logprobs"].copy_(logprobs)
             buf["values"].copy_(values)
             last_done = torch.from_numpy(next_done).to(device).float()
-            advantages, returns = gae(get_value(next_obs), last_done, buf["rewards"], buf["dones"], buf["values"],
+            advantages, returns = gae(u.get_value(next_obs), last_done, buf["rewards"], buf["dones"], buf["values"],
                                       args.gamma, args.gae_lambda)
             t_gae = time.perf_counter() - t0
 
@@ -582,9 +677,9 @@ def main(args: Args):
                      (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])]
             n = 0
             for epoch in range(args.update_epochs):
-                perm = torch.randperm(args.batch_size, device=device).view(args.num_minibatches, -1)
+                perm = torch.randperm(args.batch_size, device=device, generator=rng).view(args.num_minibatches, -1)
                 for inds in perm:
-                    stats_buf[n] = update_fn(*batch, inds)
+                    stats_buf[n] = u.update(*batch, inds)
                     n += 1
                 if args.target_kl is not None and stats_buf[n - 1, 0] > args.target_kl:  # a host sync, only when asked
                     break
@@ -599,7 +694,7 @@ def main(args: Args):
                 fps = (global_step - measure_from[1]) / (now - measure_from[0])
             row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
                        episodic_return=stats.mean_return(), t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
-                       t_gae=t_gae, t_update=t_update, lr=lr.item(),
+                       t_gae=t_gae, t_update=t_update, lr=u.lr.item(), compiled=compiled_from is not None,
                        **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"),
                                   stats_buf[:n].mean(0).tolist())))  # the one host sync of the iteration
             metrics.write(json.dumps(row) + "\n")
@@ -607,9 +702,10 @@ def main(args: Args):
                 run.log(row, step=global_step)
             bar.update(args.batch_size)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if args.compile and iteration == start_iteration:
+            if iteration == compiled_from:
                 # every unit has compiled and nothing its guards check can change any more: stop checking them
                 torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+                time_to_compiled = now - start
             if stop.set:
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -627,7 +723,9 @@ def main(args: Args):
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
                    wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
                    final_return=stats.mean_return(),
-                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
+                   compile_time=compile_time if args.compile_async else
+                   iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
+                   swap_iteration=swap_iteration, time_to_compiled=time_to_compiled,
                    interrupted=stop.set)
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)

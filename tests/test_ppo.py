@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, SMOKE, assert_rejected, assert_user_error, load_script, read_metrics, read_summary, run_script
+from conftest import (ROOT, SMOKE, assert_async_compile_matches_eager, assert_rejected, assert_user_error, load_script,
+                      read_metrics, read_summary, run_script)
 
 SCRIPTS = ["ppo.py", "ppo_torchcompile.py"]
 ROW_FIELDS = {"iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
@@ -153,8 +154,9 @@ def test_gumbel_max_sampling_matches_categorical(tc):
 
 
 def test_inference_copy_shares_storage_without_grad(tc):
-    agent, agent_inference = tc.Agent(4, 2), tc.Agent(4, 2)
-    tc.from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    agent = tc.Agent(4, 2)
+    units = tc.make_units(agent, tc.Agent(4, 2), tc.Args(), torch.device("cpu"), compiled=False)
+    agent_inference = units.policy.__self__  # the rollout acts with the inference copy's method
     for p, q in zip(agent.parameters(), agent_inference.parameters()):
         assert p.data_ptr() == q.data_ptr() and not q.requires_grad
     with torch.no_grad():
@@ -188,6 +190,16 @@ BAD_INPUT = [
 @pytest.mark.parametrize("flags,words", BAD_INPUT, ids=[" ".join(f) for f, _ in BAD_INPUT])
 def test_bad_input(script, flags, words, log_dir):
     assert_rejected(script, flags, words, log_dir)
+
+
+@pytest.mark.parametrize("flags,words", [(["--compile-async"], ["needs --compile"]),
+                                         (["--compile", "--compile-swap-iteration", "2"], ["needs --compile-async"])])
+def test_compile_async_flags_need_their_partner(flags, words, log_dir):
+    assert_rejected("ppo_torchcompile.py", flags, words, log_dir)
+
+
+def test_compile_async_swap_matches_eager(tmp_path):
+    assert_async_compile_matches_eager("ppo_torchcompile.py", tmp_path, tol=1e-4)
 
 
 def wait_for_rows(log_dir, n, proc, timeout=300):

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import SMOKE, assert_user_error, load_script, read_metrics, read_summary, run_script, smoke_runs
+from conftest import (SMOKE, assert_async_compile_matches_eager, assert_rejected, assert_user_error, load_script,
+                      read_metrics, read_summary, run_script, smoke_runs)
 
 SCRIPTS = ("ppo_atari_envpool.py", "ppo_atari_envpool_torchcompile.py")
 ROW_FIELDS = ("iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
@@ -82,7 +83,7 @@ def test_inference_copy_shares_storage_and_needs_no_grad(tc):
         agent.critic.bias.add_(1.0)
     assert torch.equal(twin.critic.bias, agent.critic.bias)
     obs = torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)
-    assert not any(t.requires_grad for t in tc.policy(twin, obs))
+    assert not any(t.requires_grad for t in tc.policy(twin, obs, torch.zeros(2, 4)))
 
 
 def test_episode_stats_hand_built_sequence(tc):
@@ -193,3 +194,11 @@ def test_unknown_env_id(log_dir):
     proc = run_script("ppo_atari_envpool_torchcompile.py", "--env-id", "Breakout-v99", *SMOKE, log_dir=log_dir,
                       check=False)
     assert_user_error(proc, "unknown env id", "Breakout-v5")
+
+
+def test_compile_async_needs_compile(log_dir):
+    assert_rejected("ppo_atari_envpool_torchcompile.py", ["--compile-async"], ["needs --compile"], log_dir)
+
+
+def test_compile_async_swap_matches_eager(tmp_path):
+    assert_async_compile_matches_eager("ppo_atari_envpool_torchcompile.py", tmp_path, tol=1e-4)
