@@ -6,6 +6,8 @@ backward, gradient clipping and the Adam step). `--compile` wraps them in torch.
 in tensordict's CudaGraphModule. Observations are stored as uint8. `--bf16` runs the CNN trunk under bf16
 autocast where the hardware has native bfloat16 (AVX512-BF16/AMX CPUs): the update's cost halves, the losses,
 log-prob ratios and value targets stay fp32; it is opt-in because on Breakout it learned slower (doc/atari.md).
+The policy samples by Gumbel-max from noise the loop draws with its own generator, so the compiled and graphed
+policy holds no random op, and `--compile-async` (README) can compile it in the background.
 
     python leanrl/ppo_atari_envpool_torchcompile.py --compile                 # CPU or GPU
     python leanrl/ppo_atari_envpool_torchcompile.py --compile --bf16          # faster; see doc/atari.md on learning
@@ -19,6 +21,7 @@ import json
 import os
 import platform
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -95,8 +98,12 @@ class Args:
     compile: bool = False
     """if toggled, wrap policy, gae and update in torch.compile"""
     compile_async: bool = False
-    """with --compile: train eagerly from the first step while gae and update compile and warm up in a background
-    thread, then swap them in at an iteration boundary (summary.json: compile_time, swap_iteration, time_to_compiled)"""
+    """with --compile: train eagerly from the first step while the units compile (a subprocess fills Inductor's cache,
+    then a background thread compiles from it and warms up), then swap them in at an iteration boundary
+    (summary.json: compile_time, swap_iteration, time_to_compiled)"""
+    compile_cache_only: bool = False
+    """with --compile: compile the units and run them once on dummy inputs of this run's shapes, which fills Inductor's
+    on-disk cache, then exit without training (what --compile-async runs in a subprocess; also warms a cache by hand)"""
     compile_swap_iteration: Optional[int] = None
     """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
     reproducible eager/compiled split); default: the first iteration boundary after it is done"""
@@ -164,6 +171,8 @@ def check_args(args: Args):
         fail(f"--num-threads must be positive, got {args.num_threads}")
     if args.compile_async and not args.compile:
         fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
+    if args.compile_cache_only and not args.compile:
+        fail("--compile-cache-only needs --compile")
     if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
         fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
     if args.capture_video:
@@ -353,23 +362,36 @@ def add_cudagraphs(u):
 
 def warm_up(u, args: Args, device, obs_shape, n_actions: int):
     """Call every unit on dummy inputs of the loop's shapes (zeros), so that each compiles now. No random numbers are
-    drawn: the policy samples with the noise it is given."""
-    zeros = torch.zeros(args.num_steps, args.num_envs, device=device)
-    u.act(torch.zeros((args.num_envs,) + obs_shape, dtype=torch.uint8, device=device),
-          torch.zeros(args.num_envs, n_actions, device=device))
-    u.advantage(zeros[0], zeros[0], zeros, zeros, zeros)
+    drawn: the policy samples with the noise it is given. Every input is a tensor of its own, as in the loop: Dynamo
+    specializes a graph on two inputs being the same tensor, and would compile again in the loop."""
+    T, N = args.num_steps, args.num_envs
+    u.act(torch.zeros((N,) + obs_shape, dtype=torch.uint8, device=device), torch.zeros(N, n_actions, device=device))
+    u.advantage(*[torch.zeros(N, device=device) for _ in range(2)],
+                *[torch.zeros(T, N, device=device) for _ in range(3)])
     mb = args.minibatch_size
     obs = torch.zeros((mb,) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros(mb, dtype=torch.long, device=device)
     for _ in range(2):  # the first Adam step creates the optimizer's state, the second runs the steady graph
-        u.learn(obs, actions, *torch.zeros(4, mb, device=device))
+        u.learn(obs, actions, *[torch.zeros(mb, device=device) for _ in range(4)])
     return u
+
+
+def fill_compile_cache(log_dir: str):
+    """--compile-async, first stage: this same command with --compile-cache-only, in a subprocess with one compile
+    thread. The costly part (tracing, Inductor's code generation and C++ builds, autotuning) then runs in another
+    interpreter, off the training loop's GIL and core, and the compile in this process comes from Inductor's on-disk
+    cache. A run that ends first leaves it to finish, so the next run starts warm."""
+    with open(os.path.join(log_dir, "compile_async.log"), "w") as log:
+        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
+                                  "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
+                                 stdout=log, stderr=log)
+        if child.wait():
+            raise RuntimeError(f"the compile subprocess exited {child.returncode}; see {log.name}")
 
 
 class BackgroundCompile:
     """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
-    trains eagerly; Dynamo traces with the GIL and Inductor's C++ compiler runs in subprocesses, so the eager loop
-    keeps going at most of its speed. A failure in the thread is raised in the loop by result()."""
+    trains eagerly. A failure in the thread is raised in the loop by result()."""
 
     def __init__(self, build):
         self.units = self.error = self.seconds = None
@@ -484,14 +506,23 @@ def main(args: Args):
     # mid-rollout, which would replay numbers the loop already drew
     rng = torch.Generator(device).manual_seed(args.seed)
     agent = Agent(envs.action_space.n, use_bf16).to(device)
+    if args.compile_cache_only:  # see fill_compile_cache
+        warm_up(make_units(agent, inference_copy(agent), args, device, True), args, device,
+                envs.observation_space.shape, envs.action_space.n)
+        return envs.close()
     u = make_units(agent, inference_copy(agent), args, device, args.compile and not args.compile_async)
     if args.cudagraphs and not args.compile_async:
         add_cudagraphs(u)
     pending = None
     if args.compile_async:  # a second set of units on copies of the agent (deepcopy draws no random numbers)
         twin = copy.deepcopy(agent)
-        pending = BackgroundCompile(lambda: warm_up(make_units(twin, copy.deepcopy(twin), args, device, True), args,
-                                                    device, envs.observation_space.shape, envs.action_space.n))
+
+        def build():
+            fill_compile_cache(log_dir)
+            return warm_up(make_units(twin, copy.deepcopy(twin), args, device, True), args, device,
+                           envs.observation_space.shape, envs.action_space.n)
+
+        pending = BackgroundCompile(build)
 
     shape = (args.num_steps, args.num_envs)
     buf = TensorDict(obs=torch.zeros(shape + envs.observation_space.shape, dtype=torch.uint8),
@@ -617,6 +648,12 @@ def main(args: Args):
         run.finish()
     print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
           f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
+    if pending is not None:
+        # the run ended before the background compile did: a compiling thread cannot be stopped, and shutting the
+        # interpreter down under it aborts, so leave without waiting (logs, summary and checkpoint are written)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130 if stop.set else 0)
     if stop.set:
         sys.exit(130)
 

@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -102,8 +103,12 @@ class Args:
     compile: bool = False
     """if toggled, wrap the policy, gae and update units in torch.compile"""
     compile_async: bool = False
-    """with --compile: train eagerly from the first step while the units compile and warm up in a background thread,
-    then swap them in at an iteration boundary (summary.json: compile_time, swap_iteration, time_to_compiled)"""
+    """with --compile: train eagerly from the first step while the units compile (a subprocess fills Inductor's cache,
+    then a background thread compiles from it and warms up), then swap them in at an iteration boundary
+    (summary.json: compile_time, swap_iteration, time_to_compiled)"""
+    compile_cache_only: bool = False
+    """with --compile: compile the units and run them once on dummy inputs of this run's shapes, which fills Inductor's
+    on-disk cache, then exit without training (what --compile-async runs in a subprocess; also warms a cache by hand)"""
     compile_swap_iteration: Optional[int] = None
     """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
     reproducible eager/compiled split); default: the first iteration boundary after it is done"""
@@ -174,6 +179,8 @@ def check_args(args: Args):
         fail(f"--num-threads must be positive, got {args.num_threads}")
     if args.compile_async and not args.compile:
         fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
+    if args.compile_cache_only and not args.compile:
+        fail("--compile-cache-only needs --compile")
     if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
         fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
     check_env_id(args.env_id)
@@ -394,23 +401,38 @@ def add_cudagraphs(u):
 
 def warm_up(u, args, device, n_obs: int, n_actions: int):
     """Call every unit on dummy inputs of the loop's shapes and layouts, so that each compiles now. Zeros only: no
-    random numbers are drawn, so the training run's random stream is the same as without --compile-async."""
+    random numbers are drawn, so the training run's random stream is the same as without --compile-async. Every input
+    is a tensor of its own, as in the loop: Dynamo specializes a graph on two inputs being the same tensor, and would
+    compile again in the loop."""
     T, N = args.num_steps, args.num_envs
-    obs, zeros = torch.zeros(T, N, n_obs, device=device), torch.zeros(T, N, device=device)
-    actions = torch.zeros(T, N, dtype=torch.long, device=device)
+    obs, actions = torch.zeros(T, N, n_obs, device=device), torch.zeros(T, N, dtype=torch.long, device=device)
     u.policy(obs[0], torch.zeros(N, n_actions, device=device))
     logprobs, _, values = u.evaluate(obs, actions)
-    advantages, returns = u.gae(u.get_value(obs[0]), zeros[0], zeros, zeros, values, args.gamma, args.gae_lambda)
+    rewards, dones = torch.zeros(T, N, device=device), torch.zeros(T, N, device=device)
+    advantages, returns = u.gae(u.get_value(obs[0]), torch.zeros(N, device=device), rewards, dones, values, args.gamma,
+                                args.gae_lambda)
     batch = [x.flatten(0, 1) for x in (obs, actions, logprobs, advantages, returns, values)]
     for inds in torch.arange(args.batch_size, device=device).view(args.num_minibatches, -1):
         u.update(*batch, inds)
     return u
 
 
+def fill_compile_cache(log_dir: str):
+    """--compile-async, first stage: this same command with --compile-cache-only, in a subprocess with one compile
+    thread. The costly part (tracing, Inductor's code generation and C++ builds, autotuning) then runs in another
+    interpreter, off the training loop's GIL and core, and the compile in this process comes from Inductor's on-disk
+    cache. A run that ends first leaves it to finish, so the next run starts warm."""
+    with open(os.path.join(log_dir, "compile_async.log"), "w") as log:
+        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
+                                  "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
+                                 stdout=log, stderr=log)
+        if child.wait():
+            raise RuntimeError(f"the compile subprocess exited {child.returncode}; see {log.name}")
+
+
 class BackgroundCompile:
     """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
-    trains eagerly; Dynamo traces with the GIL and Inductor's C++ compiler runs in subprocesses, so the eager loop
-    keeps going at most of its speed. A failure in the thread is raised in the loop by result()."""
+    trains eagerly. A failure in the thread is raised in the loop by result()."""
 
     def __init__(self, build):
         self.units = self.error = self.seconds = None
@@ -535,14 +557,22 @@ def main(args: Args):
     rng = torch.Generator(device).manual_seed(args.seed)
     n_obs, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
     agent = Agent(n_obs, n_actions).to(device)
+    if args.compile_cache_only:  # see fill_compile_cache
+        warm_up(make_units(agent, Agent(n_obs, n_actions).to(device), args, device, True), args, device, n_obs,
+                n_actions)
+        return envs.close()
     u = make_units(agent, Agent(n_obs, n_actions).to(device), args, device, args.compile and not args.compile_async)
     if args.cudagraphs and not args.compile_async:
         add_cudagraphs(u)
     pending = None
     if args.compile_async:  # a second set of units on copies of the agent, compiled off the critical path
         twin = copy.deepcopy(agent)
-        pending = BackgroundCompile(lambda: warm_up(make_units(twin, copy.deepcopy(twin), args, device, True),
-                                                    args, device, n_obs, n_actions))
+
+        def build():
+            fill_compile_cache(log_dir)
+            return warm_up(make_units(twin, copy.deepcopy(twin), args, device, True), args, device, n_obs, n_actions)
+
+        pending = BackgroundCompile(build)
     shape = (args.num_steps, args.num_envs)
     buf = dict(obs=torch.zeros(shape + (n_obs,), device=device), actions=torch.zeros(shape, dtype=torch.long, device=device),
                **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")})
@@ -669,6 +699,12 @@ def main(args: Args):
         run.finish()
     print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
           f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
+    if pending is not None:
+        # the run ended before the background compile did: a compiling thread cannot be stopped, and shutting the
+        # interpreter down under it aborts, so leave without waiting (logs, summary and checkpoint are written)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130 if stop.set else 0)
     if stop.set:
         sys.exit(130)
 

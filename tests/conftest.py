@@ -83,6 +83,7 @@ def assert_async_compile_matches_eager(script: str, tmp_path: Path, tol: float, 
     assert summary["swap_iteration"] == 2 and summary["compile_time"] > 0
     assert summary["time_to_compiled"] > swapped[0]["time"]
     assert "swapped in at iteration 2" in proc.stderr
+    assert (tmp_path / "async" / "compile_async.log").exists()  # the compile subprocess ran, and said what it did
     keys = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
     for e, a in zip(eager[:compared], swapped[:compared], strict=True):
         assert {k: a[k] for k in keys} == pytest.approx({k: e[k] for k in keys}, rel=tol, abs=tol), a["iteration"]

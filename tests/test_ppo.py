@@ -193,9 +193,20 @@ def test_bad_input(script, flags, words, log_dir):
 
 
 @pytest.mark.parametrize("flags,words", [(["--compile-async"], ["needs --compile"]),
+                                         (["--compile-cache-only"], ["needs --compile"]),
                                          (["--compile", "--compile-swap-iteration", "2"], ["needs --compile-async"])])
 def test_compile_async_flags_need_their_partner(flags, words, log_dir):
     assert_rejected("ppo_torchcompile.py", flags, words, log_dir)
+
+
+def test_compile_async_run_ending_before_the_compile_exits_cleanly(log_dir):
+    """A run shorter than the background compile: it trains eagerly to the end, writes everything and exits 0
+    without waiting for the compile."""
+    proc = run_script("ppo_torchcompile.py", *SMOKE, "--compile", "--compile-async", "--save-model", log_dir=log_dir)
+    summary = read_summary(log_dir)
+    assert proc.returncode == 0 and summary["global_step"] == 256 and (log_dir / "agent.pt").exists()
+    if summary["swap_iteration"] is None:  # the usual case: a 4-iteration run beats even a warm-cache compile
+        assert not any(r["compiled"] for r in read_metrics(log_dir)) and summary["compile_time"] is None
 
 
 def test_compile_async_swap_matches_eager(tmp_path):
