@@ -682,7 +682,8 @@ def main(args: Args):
                 if args.cudagraphs:
                     add_cudagraphs(compiled)
                 u, pending, compiled_from, swap_iteration = compiled, None, iteration, iteration
-                bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)", file=sys.stderr)
+                bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)",
+                          file=sys.stderr)
             if args.anneal_lr:
                 u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
 

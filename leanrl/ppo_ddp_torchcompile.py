@@ -343,14 +343,14 @@ class Agent(nn.Module):
         return logp.gather(-1, action.unsqueeze(-1)).squeeze(-1), entropy, self.critic(x).squeeze(-1)
 
 
-def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int):
+def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int, rng: torch.Generator):
     """num_steps steps of every env into `buf`; returns the last obs/done (numpy) and the time split.
     The env's outputs are staged in numpy and the actions in a list, and each reaches `buf` in one copy per
     iteration: per step that is a few numpy writes instead of several tensor ops."""
     num_steps, device = buf["obs"].shape[0], buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
     dones, rewards = np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
-    gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_().log()  # one draw per rollout
+    gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()  # one draw per rollout
     actions = []
     t_env = t_policy = 0.0
     for step in range(num_steps):
@@ -553,7 +553,7 @@ def main(args: Args):
     if lead:
         os.makedirs(log_dir, exist_ok=True)
 
-    torch.manual_seed(args.seed + rank)  # each rank samples its own actions and minibatches
+    torch.manual_seed(args.seed + rank)  # the initial parameters (rank 0's are broadcast); the loop draws from `rng`
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.num_threads)
     device = dist_.device
@@ -566,6 +566,9 @@ def main(args: Args):
              "graph, gloo's cannot); launch at most one rank per GPU or drop --cudagraphs")
 
     envs = make_envs(args, os.path.join(log_dir, "videos"), rank)
+    # the loop's random numbers (exploration, minibatches) come from its own generator, seeded per rank, as in
+    # ppo_torchcompile.py (where torch.compile in a background thread would rewind the global one)
+    rng = torch.Generator(device).manual_seed(args.seed + rank)
     n_obs, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
     agent = Agent(n_obs, n_actions).to(device)
     # the rollout's copy: same storage, plain tensors without requires_grad (tensordict >= 0.14 would otherwise
@@ -615,7 +618,7 @@ def main(args: Args):
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
         own = ckpt["ranks"][rank]
-        torch.set_rng_state(own["torch_rng"])
+        rng.set_state(own["rng"])
         set_env_state(envs, own["env"])
         next_obs, next_done = own["next_obs"].numpy(), own["next_done"].numpy()
         episodes.load(own["episodes"])
@@ -624,7 +627,7 @@ def main(args: Args):
     def checkpoint(iteration):
         # the parameters and optimizer are the same everywhere; the envs, RNG and episodes are each rank's own
         ranks = dist_.all_gather_object(dict(
-            torch_rng=torch.get_rng_state(), env=env_state(envs), next_obs=torch.from_numpy(next_obs),
+            rng=rng.get_state(), env=env_state(envs), next_obs=torch.from_numpy(next_obs),
             next_done=torch.from_numpy(next_done), episodes=episodes.state()))
         if lead:
             save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
@@ -651,7 +654,7 @@ def main(args: Args):
             if args.anneal_lr:
                 lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
 
-            next_obs, next_done, t_env, t_policy = rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions)
+            next_obs, next_done, t_env, t_policy = rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions, rng)
             global_step += global_batch
             t_rollout = time.perf_counter() - t_iter
 
@@ -668,7 +671,7 @@ def main(args: Args):
             batch = [x.flatten(0, 1) for x in
                      (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])]
             # every epoch's minibatches drawn up front, so that one all-reduce carries all their advantage moments
-            perms = torch.stack([torch.randperm(args.batch_size, device=device) for _ in range(args.update_epochs)])
+            perms = torch.stack([torch.randperm(args.batch_size, device=device, generator=rng) for _ in range(args.update_epochs)])
             perms = perms.view(-1, args.minibatch_size)
             adv_mean, adv_std, mean_return, stop_all = sync_iteration(dist_, args, advantages, perms, episodes, stop.set)
             n = 0
