@@ -139,8 +139,8 @@ def play(policy, env_id: str, family: str, args: Args, record: Optional[list] = 
             if record is not None and sum(len(x) for x in record) < args.calibration:
                 record.append(obs_t.clone())
             obs, reward, terminated, truncated, info = envs.step(policy(obs_t)[0].numpy())
-            if family == "atari":
-                reward, terminated = info["reward"], info["terminated"]
+            if family == "atari":  # envpool gives info["terminated"] as int32
+                reward, terminated = info["reward"], info["terminated"].astype(bool)
             returns += np.where(done, 0.0, reward)
             done |= terminated | truncated
     envs.close()

@@ -174,6 +174,24 @@ def test_eval_compressed_table(ec, checkpoint, tmp_path):
     assert rows["unstructured-90%"][6] == "90%"
 
 
+def test_eval_compressed_atari(tmp_path):
+    """An Atari checkpoint loads as the Nature CNN, plays whole games (the full score, lives exhausted) and prunes
+    structurally; eager and two methods only, to keep it short."""
+    run = tmp_path / "run"
+    run_script("ppo_atari_envpool_torchcompile.py", *SMOKE, "--num-threads", "1", "--save-model", log_dir=run)
+    table = tmp_path / "compression.md"
+    proc = run_tool("eval_compressed.py", str(run / "agent.pt"), "--methods", "structured", "--structured-ratios",
+                    "0.5", "--episodes", "2", "--batch", "2", "--passes", "3", "--num-threads", "1", "--no-compile",
+                    "--table", str(table))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "## Breakout-v5" in table.read_text()
+    rows = {r[0]: r for r in table_rows(table)}
+    assert list(rows) == ["fp32", "structured-50%"]
+    assert int(rows["structured-50%"][5]) < int(rows["fp32"][5]) / 2
+    for r in rows.values():
+        assert float(r[1].split()[0]) >= 0  # a game's score
+
+
 @pytest.mark.parametrize("flags,words", [
     (("--batch-sizes", "0"), ("--batch-sizes", "positive")),
     (("--families", "mujoco"), ("mujoco",)),
