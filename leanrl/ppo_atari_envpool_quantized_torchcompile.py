@@ -17,6 +17,8 @@ backward, gradient clipping and the Adam step). `--compile` wraps them in torch.
 in tensordict's CudaGraphModule. Observations are stored as uint8. `--bf16` runs the CNN trunk under bf16
 autocast where the hardware has native bfloat16 (AVX512-BF16/AMX CPUs): the update's cost halves, the losses,
 log-prob ratios and value targets stay fp32; it is opt-in because on Breakout it learned slower (doc/atari.md).
+The policy samples by Gumbel-max from noise the loop draws with its own generator, so the compiled and graphed
+policy holds no random op, and `--compile-async` (README) can compile it in the background.
 
     python leanrl/ppo_atari_envpool_quantized_torchcompile.py --compile                 # CPU or GPU
     python leanrl/ppo_atari_envpool_quantized_torchcompile.py --compile --quant-async   # rebuild off the critical path
@@ -29,12 +31,15 @@ import json
 import os
 import platform
 import signal
+import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import partial
+from types import SimpleNamespace
 from typing import Optional
 
 import envpool
@@ -103,6 +108,16 @@ class Args:
 
     compile: bool = False
     """if toggled, wrap policy, gae and update in torch.compile"""
+    compile_async: bool = False
+    """with --compile: train eagerly from the first step while the units compile (a subprocess fills Inductor's cache,
+    then a background thread compiles from it and warms up), then swap them in at an iteration boundary
+    (summary.json: compile_time, swap_iteration, time_to_compiled)"""
+    compile_cache_only: bool = False
+    """with --compile: compile the units and run them once on dummy inputs of this run's shapes, which fills Inductor's
+    on-disk cache, then exit without training (what --compile-async runs in a subprocess; also warms a cache by hand)"""
+    compile_swap_iteration: Optional[int] = None
+    """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
+    reproducible eager/compiled split); default: the first iteration boundary after it is done"""
     cudagraphs: bool = False
     """if toggled, wrap policy, gae and update in tensordict's CudaGraphModule (CUDA only; ignored on CPU)"""
     bf16: bool = False
@@ -169,6 +184,12 @@ def check_args(args: Args):
         fail(f"--resume {args.resume}: no such file")
     if args.num_threads <= 0:
         fail(f"--num-threads must be positive, got {args.num_threads}")
+    if args.compile_async and not args.compile:
+        fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
+    if args.compile_cache_only and not args.compile:
+        fail("--compile-cache-only needs --compile")
+    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
+        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
     if args.quant_every <= 0:
         fail(f"--quant-every must be positive, got {args.quant_every}")
     if args.capture_video:
@@ -246,11 +267,13 @@ class Agent(nn.Module):
     def get_value(self, x):
         return self.critic(self.trunk(x)).squeeze(-1)
 
-    def get_action_and_value(self, x, action=None):
+    def get_action_and_value(self, x, action=None, gumbel=None):
+        """With no `action`, one is sampled as argmax(log p + `gumbel`), Gumbel noise drawn by the caller: exact
+        Categorical sampling (the Gumbel-max trick) with no random number drawn in here."""
         hidden = self.trunk(x)
         logp = torch.log_softmax(self.actor(hidden), dim=-1)
         if action is None:
-            action = torch.multinomial(logp.exp(), 1).squeeze(-1)
+            action = (logp + gumbel).argmax(-1)
         logprob = logp.gather(-1, action.unsqueeze(-1)).squeeze(-1)
         entropy = -(logp.exp() * logp).sum(-1)
         return action, logprob, entropy, self.critic(hidden).squeeze(-1)
@@ -321,33 +344,34 @@ def policy_bytes(module: nn.Module) -> int:
     return out.getbuffer().nbytes
 
 
-def forward_latency(policy, x, reps: int = 30) -> float:
+def forward_latency(policy, x, gumbel, reps: int = 30) -> float:
     """Seconds per call of one rollout step of `policy`, median of 5 rounds after a warm-up."""
     for _ in range(5):
-        policy(x)
+        policy(x, gumbel)
     rounds = []
     for _ in range(5):
         t0 = time.perf_counter()
         for _ in range(reps):
-            policy(x)
+            policy(x, gumbel)
         rounds.append((time.perf_counter() - t0) / reps)
     return float(np.median(rounds))
 
 
-def policy(agent: Agent, obs):
-    action, logprob, _, value = agent.get_action_and_value(obs)
+def policy(agent: Agent, obs, gumbel):
+    action, logprob, _, value = agent.get_action_and_value(obs, gumbel=gumbel)
     return action, logprob, value
 
 
-def rollout(envs, policy, next_obs, next_done, buf: TensorDict, stats: EpisodeStats):
-    """num_steps of every env into the preallocated buffer; returns the last observation and the time split."""
+def rollout(envs, policy, next_obs, next_done, buf: TensorDict, stats: EpisodeStats, gumbel):
+    """num_steps of every env into the preallocated buffer, acting with the rollout's Gumbel noise `gumbel`
+    [steps, envs, actions]; returns the last observation and the time split."""
     t_env = t_policy = 0.0
     device = next_obs.device
     for step in range(buf.shape[0]):
         t0 = time.perf_counter()
         buf["obs"][step] = next_obs
         buf["dones"][step] = next_done
-        action, logprob, value = policy(next_obs)
+        action, logprob, value = policy(next_obs, gumbel[step])
         buf["actions"][step], buf["logprobs"][step], buf["values"][step] = action, logprob, value
         t1 = time.perf_counter()
         obs_np, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
@@ -399,6 +423,103 @@ def update(agent: Agent, optimizer, args: Args, obs, actions, logprobs, advantag
     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
     optimizer.step()
     return torch.stack([approx_kl, clipfrac, pg_loss.detach(), v_loss.detach(), entropy_loss.detach()])
+
+
+def make_units(agent: Agent, agent_inference: Agent, args: Args, device, compiled: bool):
+    """The training state around `agent` (optimizer) and the units the loop calls, compiled if `compiled`.
+    `agent_inference` is the rollout's copy of `agent`; it is made to share `agent`'s storage here."""
+    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    # lr is a tensor updated in place, so annealing never re-traces the compiled update; CUDA graphs replay the
+    # Adam step with its counters on the device (capturable), which torch.compile arranges by itself
+    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(args.learning_rate, device=device), eps=1e-5,
+                                 capturable=args.cudagraphs and not args.compile)
+    # the policy step takes the copy that acts as an argument: a rebuilt copy changes no code
+    u = SimpleNamespace(agent=agent, agent_inference=agent_inference, optimizer=optimizer, act=policy,
+                        advantage=partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda),
+                        learn=partial(update, agent, optimizer, args))
+    if compiled:
+        u.advantage, u.learn = torch.compile(u.advantage), torch.compile(u.learn)
+        # on a CPU the bf16 policy step stays eager: compiled without freezing it measured slower (oneDNN reorders
+        # the weights at every call), and freezing would bake the weights in, a recompile per rebuild
+        if device.type == "cuda":
+            u.act = torch.compile(u.act)
+    return u
+
+
+def add_cudagraphs(u):
+    # the rollout policy stays out of CUDA graphs: a graph replays the tensors it captured, and every rebuild makes
+    # new ones
+    u.advantage, u.learn = CudaGraphModule(u.advantage), CudaGraphModule(u.learn)
+
+
+def warm_up(u, args: Args, device, obs_shape, n_actions: int):
+    """Call every unit on dummy inputs of the loop's shapes (zeros), so that each compiles now. No random numbers are
+    drawn: the policy samples with the noise it is given. Every input is a tensor of its own, as in the loop: Dynamo
+    specializes a graph on two inputs being the same tensor, and would compile again in the loop."""
+    T, N = args.num_steps, args.num_envs
+    obs = torch.zeros((N,) + obs_shape, dtype=torch.uint8, device=device)
+    # a throwaway bf16 copy, only to run with: the policy step takes the loop's current copy as an argument
+    u.act(quantize_policy(copy.deepcopy(u.agent), obs), obs, torch.zeros(N, n_actions, device=device))
+    u.advantage(*[torch.zeros(N, device=device) for _ in range(2)],
+                *[torch.zeros(T, N, device=device) for _ in range(3)])
+    mb = args.minibatch_size
+    obs = torch.zeros((mb,) + obs_shape, dtype=torch.uint8, device=device)
+    actions = torch.zeros(mb, dtype=torch.long, device=device)
+    for _ in range(2):  # the first Adam step creates the optimizer's state, the second runs the steady graph
+        u.learn(obs, actions, *[torch.zeros(mb, device=device) for _ in range(4)])
+    return u
+
+
+def fill_compile_cache(log_dir: str):
+    """--compile-async, first stage: this same command with --compile-cache-only, in a subprocess with one compile
+    thread. The costly part (tracing, Inductor's code generation and C++ builds, autotuning) then runs in another
+    interpreter, off the training loop's GIL and core, and the compile in this process comes from Inductor's on-disk
+    cache. A run that ends first leaves it to finish, so the next run starts warm."""
+    with open(os.path.join(log_dir, "compile_async.log"), "w") as log:
+        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
+                                  "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
+                                 stdout=log, stderr=log)
+        if child.wait():
+            raise RuntimeError(f"the compile subprocess exited {child.returncode}; see {log.name}")
+
+
+class BackgroundCompile:
+    """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
+    trains eagerly. A failure in the thread is raised in the loop by result()."""
+
+    def __init__(self, build):
+        self.units = self.error = self.seconds = None
+        self.thread = threading.Thread(target=self.run, args=(build,), daemon=True)  # Ctrl-C does not wait for it
+        self.thread.start()
+
+    def run(self, build):
+        t0 = time.perf_counter()
+        try:
+            self.units = build()
+        except Exception as e:
+            self.error = e
+        self.seconds = time.perf_counter() - t0
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def result(self):
+        self.thread.join()
+        if self.error is not None:
+            raise RuntimeError("the background compile failed") from self.error
+        return self.units
+
+
+def load_units(dst, src):
+    """Copy the training state of units `src` into units `dst` in place (the compiled code keeps the tensors it was
+    traced with): parameters, Adam's moments, step counts and lr; no Adam state yet (no update so far) is zeros, as
+    Adam would create it. Exact copies: the swap changes no result."""
+    with torch.no_grad():
+        for p, q in zip(src.agent.parameters(), dst.agent.parameters()):
+            q.copy_(p)
+            for key, value in dst.optimizer.state[q].items():
+                value.copy_(src.optimizer.state[p][key]) if src.optimizer.state[p] else value.zero_()
+        dst.optimizer.param_groups[0]["lr"].copy_(src.optimizer.param_groups[0]["lr"])
 
 
 STAT_NAMES = ("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
@@ -474,26 +595,28 @@ def main(args: Args):
 
     ckpt = load_checkpoint(args) if args.resume else None
     envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
+    # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
+    # global generator after compiling each function, and with --compile-async that happens in another thread,
+    # mid-rollout, which would replay numbers the loop already drew
+    rng = torch.Generator(device).manual_seed(args.seed)
     agent = Agent(envs.action_space.n, use_bf16).to(device)
-    agent_inference = inference_copy(agent)
-    # lr is a tensor updated in place, so annealing never re-traces the compiled update; CUDA graphs replay the
-    # Adam step with its counters on the device (capturable), which torch.compile arranges by itself
-    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(args.learning_rate, device=device), eps=1e-5,
-                                 capturable=args.cudagraphs and not args.compile)
+    if args.compile_cache_only:  # see fill_compile_cache
+        warm_up(make_units(agent, inference_copy(agent), args, device, True), args, device,
+                envs.observation_space.shape, envs.action_space.n)
+        return envs.close()
+    u = make_units(agent, inference_copy(agent), args, device, args.compile and not args.compile_async)
+    if args.cudagraphs and not args.compile_async:
+        add_cudagraphs(u)
+    pending = None
+    if args.compile_async:  # a second set of units on copies of the agent (deepcopy draws no random numbers)
+        twin = copy.deepcopy(agent)
 
-    act = policy
-    advantage = partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda)
-    learn = partial(update, agent, optimizer, args)
-    if args.compile:
-        advantage, learn = torch.compile(advantage), torch.compile(learn)
-        if device.type == "cuda":
-            act = torch.compile(act)
-        # on a CPU the bf16 policy step stays eager: compiled without freezing it measured slower (oneDNN reorders
-        # the weights at every call), and freezing would bake the weights in, a recompile per rebuild
-    if args.cudagraphs:
-        # the rollout policy stays out of CUDA graphs: a graph replays the tensors it captured, and every rebuild
-        # makes new ones
-        advantage, learn = CudaGraphModule(advantage), CudaGraphModule(learn)
+        def build():
+            fill_compile_cache(log_dir)
+            return warm_up(make_units(twin, copy.deepcopy(twin), args, device, True), args, device,
+                           envs.observation_space.shape, envs.action_space.n)
+
+        pending = BackgroundCompile(build)
 
     shape = (args.num_steps, args.num_envs)
     buf = TensorDict(obs=torch.zeros(shape + envs.observation_space.shape, dtype=torch.uint8),
@@ -504,9 +627,9 @@ def main(args: Args):
     stats = EpisodeStats(args.num_envs)
     global_step, start_iteration = 0, 1
     if ckpt:
-        agent.load_state_dict(ckpt["agent"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        torch.set_rng_state(ckpt["torch_rng"])
+        u.agent.load_state_dict(ckpt["agent"])
+        u.optimizer.load_state_dict(ckpt["optimizer"])
+        rng.set_state(ckpt["rng"])
         stats.returns.extend(ckpt["returns"].tolist())
         stats.lengths.extend(ckpt["lengths"].tolist())
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
@@ -515,8 +638,8 @@ def main(args: Args):
 
     def checkpoint(iteration):
         save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            agent=agent.state_dict(), optimizer=optimizer.state_dict(), args=asdict(args), iteration=iteration,
-            global_step=global_step, torch_rng=torch.get_rng_state(),
+            agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args), iteration=iteration,
+            global_step=global_step, rng=rng.get_state(),
             returns=torch.tensor(list(stats.returns), dtype=torch.float64),
             lengths=torch.tensor(list(stats.lengths), dtype=torch.float64)))
 
@@ -526,20 +649,36 @@ def main(args: Args):
 
         run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
                          name=os.path.basename(log_dir), dir=log_dir, save_code=True)
-    requant = Requantizer(agent, next_obs, args.quant_every, args.quant_async)
+    requant = Requantizer(u.agent, next_obs, args.quant_every, args.quant_async)
     metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
+    compiled_from = start_iteration if args.compile and not args.compile_async else None
+    swap_iteration = time_to_compiled = compile_time = None
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
+            swap_at = args.compile_swap_iteration
+            if pending and (iteration >= swap_at if swap_at else pending.done()):
+                compiled, compile_time = pending.result(), pending.seconds
+                load_units(compiled, u)
+                if args.cudagraphs:
+                    add_cudagraphs(compiled)
+                u, pending, compiled_from, swap_iteration = compiled, None, iteration, iteration
+                # rebuilds now copy the compiled units' agent; the bf16 copy acting now came from the same weights
+                requant.agent = u.agent
+                bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)",
+                          file=sys.stderr)
             if args.anneal_lr:
-                optimizer.param_groups[0]["lr"].copy_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
+                lr = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+                u.optimizer.param_groups[0]["lr"].copy_(lr)
 
             t_swap = requant.refresh(iteration - start_iteration)
             qagent = requant.current  # the policy that acts in this rollout: its log-probs and values are stored
-            next_obs, next_done, t_env, t_policy = rollout(envs, partial(act, qagent), next_obs, next_done, buf, stats)
+            gumbel = -torch.empty(shape + (envs.action_space.n,), device=device).exponential_(generator=rng).log()
+            next_obs, next_done, t_env, t_policy = rollout(envs, partial(u.act, qagent), next_obs, next_done, buf,
+                                                           stats, gumbel)
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
 
@@ -547,7 +686,7 @@ def main(args: Args):
             # values from the acting copy's critic: they come free with its step, where fp32 values would cost one
             # more batched trunk forward per iteration; bf16's error on them (~1e-3 relative) is far below the
             # noise of the returns. doc/quantized.md: the learning comparison.
-            buf["advantages"], buf["returns"] = advantage(qagent.get_value(next_obs), next_done,
+            buf["advantages"], buf["returns"] = u.advantage(qagent.get_value(next_obs), next_done,
                                                           buf["rewards"], buf["values"], buf["dones"])
             t_gae = time.perf_counter() - t0
 
@@ -555,10 +694,10 @@ def main(args: Args):
             flat = buf.reshape(-1)
             losses = []
             for epoch in range(args.update_epochs):
-                for mb_inds in torch.randperm(args.batch_size, device=device).split(args.minibatch_size):
+                for mb_inds in torch.randperm(args.batch_size, device=device, generator=rng).split(args.minibatch_size):
                     mb = flat[mb_inds]
                     # clone: CUDA graphs hand back the same output buffer at every replay
-                    losses.append(learn(mb["obs"], mb["actions"], mb["logprobs"], mb["advantages"], mb["returns"],
+                    losses.append(u.learn(mb["obs"], mb["actions"], mb["logprobs"], mb["advantages"], mb["returns"],
                                         mb["values"]).clone())
                 if args.target_kl is not None and losses[-1][0] > args.target_kl:
                     break
@@ -576,13 +715,16 @@ def main(args: Args):
             row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
                        episodic_return=stats.mean_return(), episodic_length=stats.mean_length(),
                        t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
-                       t_gae=t_gae, t_update=t_update, t_quant=requant.t_quant, t_swap=t_swap, lr=optimizer.param_groups[0]["lr"].item(),
+                       t_gae=t_gae, t_update=t_update, t_quant=requant.t_quant, t_swap=t_swap,
+                       lr=u.optimizer.param_groups[0]["lr"].item(), compiled=compiled_from is not None,
                        **dict(zip(STAT_NAMES, losses)))
             metrics.write(json.dumps(row) + "\n")
             if run:
                 run.log(row, step=global_step)
             bar.update(args.batch_size)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
+            if iteration == compiled_from:
+                time_to_compiled = now - start
             if stop.set:
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -596,11 +738,12 @@ def main(args: Args):
         checkpoint(iteration)
 
     # the policy's cost per rollout step, both precisions side by side on the last observations (eager both)
-    latency_fp32 = forward_latency(partial(policy, agent_inference), next_obs)
-    latency_quant = forward_latency(partial(policy, requant.current), next_obs)
+    gumbel = -torch.empty(args.num_envs, u.agent.actor.out_features, device=device).exponential_().log()
+    latency_fp32 = forward_latency(partial(policy, u.agent_inference), next_obs, gumbel)
+    latency_quant = forward_latency(partial(policy, requant.current), next_obs, gumbel)
     quant = dict(quant_method="bf16 trunk weights (oneDNN AVX512-BF16/AMX convolutions and GEMM), fp32 heads",
                  quant_every=args.quant_every, quant_async=args.quant_async,
-                 policy_bytes_fp32=policy_bytes(agent), policy_bytes_quant=policy_bytes(requant.current),
+                 policy_bytes_fp32=policy_bytes(u.agent), policy_bytes_quant=policy_bytes(requant.current),
                  policy_latency_fp32_us=latency_fp32 * 1e6, policy_latency_quant_us=latency_quant * 1e6)
 
     steady = iter_times[args.measure_burnin:]
@@ -608,7 +751,9 @@ def main(args: Args):
                    num_threads=torch.get_num_threads(), bf16=use_bf16, total_timesteps=args.total_timesteps,
                    global_step=global_step, wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
                    final_return=stats.mean_return(),
-                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
+                   compile_time=compile_time if args.compile_async else
+                   iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
+                   swap_iteration=swap_iteration, time_to_compiled=time_to_compiled,
                    interrupted=stop.set, **quant)
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -617,6 +762,12 @@ def main(args: Args):
         run.finish()
     print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
           f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
+    if pending is not None:
+        # the run ended before the background compile did: a compiling thread cannot be stopped, and shutting the
+        # interpreter down under it aborts, so leave without waiting (logs, summary and checkpoint are written)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130 if stop.set else 0)
     if stop.set:
         sys.exit(130)
 

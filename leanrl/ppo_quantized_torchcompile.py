@@ -37,11 +37,14 @@ import logging
 import os
 import platform
 import signal
+import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 from typing import Optional
 
 import gymnasium as gym
@@ -125,6 +128,16 @@ class Args:
 
     compile: bool = False
     """if toggled, wrap the policy, gae and update units in torch.compile"""
+    compile_async: bool = False
+    """with --compile: train eagerly from the first step while the units compile (a subprocess fills Inductor's cache,
+    then a background thread compiles from it and warms up), then swap them in at an iteration boundary
+    (summary.json: compile_time, swap_iteration, time_to_compiled)"""
+    compile_cache_only: bool = False
+    """with --compile: compile the units and run them once on dummy inputs of this run's shapes, which fills Inductor's
+    on-disk cache, then exit without training (what --compile-async runs in a subprocess; also warms a cache by hand)"""
+    compile_swap_iteration: Optional[int] = None
+    """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
+    reproducible eager/compiled split); default: the first iteration boundary after it is done"""
     cudagraphs: bool = False
     """if toggled, wrap the policy, gae and update units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     measure_burnin: int = 3
@@ -190,6 +203,12 @@ def check_args(args: Args):
         fail(f"--resume {args.resume}: no such file")
     if args.num_threads <= 0:
         fail(f"--num-threads must be positive, got {args.num_threads}")
+    if args.compile_async and not args.compile:
+        fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
+    if args.compile_cache_only and not args.compile:
+        fail("--compile-cache-only needs --compile")
+    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
+        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
     for name in ("hidden_dim", "hidden_depth", "quant_every"):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
@@ -356,14 +375,14 @@ def forward_latency(policy, x, gumbel, reps: int = 200) -> float:
     return float(np.median(rounds))
 
 
-def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int):
+def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int, rng: torch.Generator):
     """num_steps steps of every env into `buf`; returns the last obs/done (numpy) and the time split.
     The env's outputs are staged in numpy and the actions in a list, and each reaches `buf` in one copy per
     iteration: per step that is a few numpy writes instead of several tensor ops."""
     num_steps, device = buf["obs"].shape[0], buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
     dones, rewards = np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
-    gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_().log()  # one draw per rollout
+    gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()  # one draw per rollout
     actions = []
     t_env = t_policy = 0.0
     for step in range(num_steps):
@@ -444,6 +463,115 @@ def make_optimizer(agent, lr, capturable: bool):
         step = torch.zeros((), device=p.device if capturable else "cpu")
         optimizer.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
     return optimizer
+
+
+def make_units(agent, agent_inference, args, device, compiled: bool):
+    """The training state around `agent` (optimizer, lr) and the units the loop calls, compiled if `compiled`.
+    `agent_inference` becomes the inference copy: same storage, plain tensors without requires_grad (tensordict
+    >= 0.14 would otherwise keep its own Parameters, requires_grad and all, and only swap their data)."""
+    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
+    optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
+    # the int8 steps take the copy that acts as an argument; fp32_policy is the base script's step, for the summary's
+    # latency comparison only
+    u = SimpleNamespace(agent=agent, optimizer=optimizer, lr=lr, policy=act, behaviour=behaviour_logprob,
+                        fp32_policy=functools.partial(act, agent_inference.actor), get_value=agent_inference.get_value,
+                        gae=gae, update=functools.partial(update, agent, optimizer, lr, args))
+    if compiled:
+        # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
+        # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
+        # to ~245 us on a CPU
+        opts = dict(cpp_wrapper=True, max_autotune=True)
+        # the int8 policy step is compiled on a CPU too: eager, torchao's tensor subclass dispatches every op from
+        # Python. A rebuilt copy is a new module with the same structure: no recompilation.
+        u.policy = torch.compile(u.policy, options=opts)
+        u.behaviour = torch.compile(u.behaviour, options=opts)
+        if device.type == "cuda":
+            # on a CPU the fp32 policy step stays eager: compiled it is faster alone (29 vs 34 us) but slower in the
+            # rollout, where it and the env evict each other from the caches (93 vs 83 us per env+policy step)
+            u.fp32_policy = torch.compile(u.fp32_policy, options=opts)
+        u.get_value = torch.compile(u.get_value, options=opts)
+        u.gae = torch.compile(u.gae, fullgraph=True)
+        u.update = torch.compile(u.update, options=opts)
+    return u
+
+
+def add_cudagraphs(u):
+    # the int8 policy stays out of CUDA graphs: a graph replays the tensors it captured, and every rebuild makes new
+    # ones; on a GPU --compile is its path (torchao's int8 GEMMs through inductor)
+    for name in ("get_value", "gae", "update"):
+        setattr(u, name, CudaGraphModule(getattr(u, name)))
+
+
+def warm_up(u, args, device, n_obs: int, n_actions: int):
+    """Call every unit on dummy inputs of the loop's shapes and layouts, so that each compiles now. Zeros only: no
+    random numbers are drawn, so the training run's random stream is the same as without --compile-async. Every input
+    is a tensor of its own, as in the loop: Dynamo specializes a graph on two inputs being the same tensor, and would
+    compile again in the loop."""
+    T, N = args.num_steps, args.num_envs
+    obs, actions = torch.zeros(T, N, n_obs, device=device), torch.zeros(T, N, dtype=torch.long, device=device)
+    # a throwaway int8 copy, only to trace with: the compiled steps take the loop's current copy as an argument
+    qactor = quantize_actor(copy.deepcopy(u.agent.actor), obs[0])
+    u.policy(qactor, obs[0], torch.zeros(N, n_actions, device=device))
+    logprobs, values = u.behaviour(qactor, obs, actions), u.get_value(obs)
+    rewards, dones = torch.zeros(T, N, device=device), torch.zeros(T, N, device=device)
+    advantages, returns = u.gae(u.get_value(obs[0]), torch.zeros(N, device=device), rewards, dones, values, args.gamma,
+                                args.gae_lambda)
+    batch = [x.flatten(0, 1) for x in (obs, actions, logprobs, advantages, returns, values)]
+    for inds in torch.arange(args.batch_size, device=device).view(args.num_minibatches, -1):
+        u.update(*batch, inds)
+    return u
+
+
+def fill_compile_cache(log_dir: str):
+    """--compile-async, first stage: this same command with --compile-cache-only, in a subprocess with one compile
+    thread. The costly part (tracing, Inductor's code generation and C++ builds, autotuning) then runs in another
+    interpreter, off the training loop's GIL and core, and the compile in this process comes from Inductor's on-disk
+    cache. A run that ends first leaves it to finish, so the next run starts warm."""
+    with open(os.path.join(log_dir, "compile_async.log"), "w") as log:
+        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
+                                  "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
+                                 stdout=log, stderr=log)
+        if child.wait():
+            raise RuntimeError(f"the compile subprocess exited {child.returncode}; see {log.name}")
+
+
+class BackgroundCompile:
+    """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
+    trains eagerly. A failure in the thread is raised in the loop by result()."""
+
+    def __init__(self, build):
+        self.units = self.error = self.seconds = None
+        self.thread = threading.Thread(target=self.run, args=(build,), daemon=True)  # Ctrl-C does not wait for it
+        self.thread.start()
+
+    def run(self, build):
+        t0 = time.perf_counter()
+        try:
+            self.units = build()
+        except Exception as e:
+            self.error = e
+        self.seconds = time.perf_counter() - t0
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def result(self):
+        self.thread.join()
+        if self.error is not None:
+            raise RuntimeError("the background compile failed") from self.error
+        return self.units
+
+
+def load_units(dst, src):
+    """Copy the training state of units `src` into units `dst` in place (the compiled code keeps the tensors it was
+    traced with): parameters, Adam's moments and step counts, lr. Exact copies, so the swap changes no result."""
+    with torch.no_grad():
+        for p, q in zip(src.agent.parameters(), dst.agent.parameters()):
+            q.copy_(p)
+            for key, value in src.optimizer.state[p].items():
+                dst.optimizer.state[q][key].copy_(value)
+        dst.lr.copy_(src.lr)
 
 
 class Episodes:
@@ -529,39 +657,28 @@ def main(args: Args):
         args.cudagraphs = False
 
     envs = make_envs(args, os.path.join(log_dir, "videos"))
+    # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
+    # global generator after compiling each function, and with --compile-async that happens in another thread,
+    # mid-rollout, which would replay numbers the loop already drew
+    rng = torch.Generator(device).manual_seed(args.seed)
     n_obs, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
-    agent = Agent(n_obs, n_actions, args.hidden_dim, args.hidden_depth).to(device)
-    # the critic's inference copy: same storage, plain tensors without requires_grad (tensordict >= 0.14 would
-    # otherwise keep agent_inference's own Parameters, requires_grad and all, and only swap their data)
-    agent_inference = Agent(n_obs, n_actions, args.hidden_dim, args.hidden_depth).to(device)
-    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
-    lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
-    optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
+    new_agent = functools.partial(Agent, n_obs, n_actions, args.hidden_dim, args.hidden_depth)
+    agent = new_agent().to(device)
+    if args.compile_cache_only:  # see fill_compile_cache
+        warm_up(make_units(agent, new_agent().to(device), args, device, True), args, device, n_obs, n_actions)
+        return envs.close()
+    u = make_units(agent, new_agent().to(device), args, device, args.compile and not args.compile_async)
+    if args.cudagraphs and not args.compile_async:
+        add_cudagraphs(u)
+    pending = None
+    if args.compile_async:  # a second set of units on copies of the agent, compiled off the critical path
+        twin = copy.deepcopy(agent)
 
-    policy = act
-    behaviour = behaviour_logprob
-    get_value = agent_inference.get_value
-    gae_fn = gae
-    update_fn = functools.partial(update, agent, optimizer, lr, args)
-    if args.compile:
-        # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
-        # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
-        # to ~245 us on a CPU
-        opts = dict(cpp_wrapper=True, max_autotune=True)
-        # the int8 policy step is compiled on a CPU too: eager, torchao's tensor subclass dispatches every op from
-        # Python. A rebuilt copy is a new module with the same structure: no recompilation.
-        policy = torch.compile(policy, options=opts)
-        behaviour = torch.compile(behaviour, options=opts)
-        get_value = torch.compile(get_value, options=opts)
-        gae_fn = torch.compile(gae_fn, fullgraph=True)
-        update_fn = torch.compile(update_fn, options=opts)
-    if args.cudagraphs:
-        # the int8 policy stays out of CUDA graphs: a graph replays the tensors it captured, and every rebuild makes
-        # new ones; on a GPU --compile is its path (torchao's int8 GEMMs through inductor)
-        get_value = CudaGraphModule(get_value)
-        gae_fn = CudaGraphModule(gae_fn)
-        update_fn = CudaGraphModule(update_fn)
+        def build():
+            fill_compile_cache(log_dir)
+            return warm_up(make_units(twin, copy.deepcopy(twin), args, device, True), args, device, n_obs, n_actions)
 
+        pending = BackgroundCompile(build)
     shape = (args.num_steps, args.num_envs)
     buf = dict(obs=torch.zeros(shape + (n_obs,), device=device), actions=torch.zeros(shape, dtype=torch.long, device=device),
                **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")})
@@ -572,9 +689,9 @@ def main(args: Args):
     next_done = np.zeros(args.num_envs, dtype=bool)
     if args.resume:
         ckpt = load_checkpoint(args)
-        agent.load_state_dict(ckpt["agent"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        torch.set_rng_state(ckpt["torch_rng"])
+        u.agent.load_state_dict(ckpt["agent"])
+        u.optimizer.load_state_dict(ckpt["optimizer"])
+        rng.set_state(ckpt["rng"])
         set_env_state(envs, ckpt["env"])
         next_obs, next_done = ckpt["next_obs"].numpy(), ckpt["next_done"].numpy()
         episodes.load(ckpt["episodes"])
@@ -582,8 +699,8 @@ def main(args: Args):
 
     def checkpoint(iteration):
         save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            agent=agent.state_dict(), optimizer=optimizer.state_dict(), args=asdict(args), iteration=iteration,
-            global_step=global_step, torch_rng=torch.get_rng_state(), env=env_state(envs),
+            agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args), iteration=iteration,
+            global_step=global_step, rng=rng.get_state(), env=env_state(envs),
             next_obs=torch.from_numpy(next_obs), next_done=torch.from_numpy(next_done), episodes=episodes.state()))
 
     run = None
@@ -592,21 +709,34 @@ def main(args: Args):
 
         run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
                          name=os.path.basename(log_dir), dir=log_dir, save_code=True)
-    requant = Requantizer(agent.actor, torch.from_numpy(next_obs).to(device), args.quant_every, args.quant_async)
+    requant = Requantizer(u.agent.actor, torch.from_numpy(next_obs).to(device), args.quant_every, args.quant_async)
     metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
+    compiled_from = start_iteration if args.compile and not args.compile_async else None
+    swap_iteration = time_to_compiled = compile_time = None
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
+            swap_at = args.compile_swap_iteration
+            if pending and (iteration >= swap_at if swap_at else pending.done()):
+                compiled, compile_time = pending.result(), pending.seconds
+                load_units(compiled, u)
+                if args.cudagraphs:
+                    add_cudagraphs(compiled)
+                u, pending, compiled_from, swap_iteration = compiled, None, iteration, iteration
+                # rebuilds now copy the compiled units' agent; the int8 copy acting now came from the same weights
+                requant.actor = u.agent.actor
+                bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)",
+                          file=sys.stderr)
             if args.anneal_lr:
-                lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
+                u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
 
             t_swap = requant.refresh(iteration - start_iteration)
             qactor = requant.current  # the policy that acts in this rollout, and whose log-probs are stored
-            next_obs, next_done, t_env, t_policy = rollout(envs, functools.partial(policy, qactor), next_obs, next_done,
-                                                           buf, episodes, n_actions)
+            next_obs, next_done, t_env, t_policy = rollout(envs, functools.partial(u.policy, qactor), next_obs,
+                                                           next_done, buf, episodes, n_actions, rng)
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
 
@@ -616,9 +746,9 @@ def main(args: Args):
             # Values come from the fp32 critic: the base script's batched call already computes them, so they cost
             # nothing more, and they are the critic the update trains, so the value clipping is centred on it (an
             # int8 critic's error would enter the targets and the clip). doc/quantized.md: the learning comparison.
-            buf["logprobs"].copy_(behaviour(qactor, buf["obs"], buf["actions"]))
-            buf["values"].copy_(get_value(buf["obs"]))
-            advantages, returns = gae_fn(get_value(last_obs), last_done, buf["rewards"], buf["dones"], buf["values"],
+            buf["logprobs"].copy_(u.behaviour(qactor, buf["obs"], buf["actions"]))
+            buf["values"].copy_(u.get_value(buf["obs"]))
+            advantages, returns = u.gae(u.get_value(last_obs), last_done, buf["rewards"], buf["dones"], buf["values"],
                                          args.gamma, args.gae_lambda)
             t_gae = time.perf_counter() - t0
 
@@ -627,9 +757,9 @@ def main(args: Args):
                      (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])]
             n = 0
             for epoch in range(args.update_epochs):
-                perm = torch.randperm(args.batch_size, device=device).view(args.num_minibatches, -1)
+                perm = torch.randperm(args.batch_size, device=device, generator=rng).view(args.num_minibatches, -1)
                 for inds in perm:
-                    stats[n] = update_fn(*batch, inds)
+                    stats[n] = u.update(*batch, inds)
                     n += 1
                 if args.target_kl is not None and stats[n - 1, 0] > args.target_kl:  # a host sync, only when asked
                     break
@@ -644,7 +774,8 @@ def main(args: Args):
                 fps = (global_step - measure_from[1]) / (now - measure_from[0])
             row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
                        episodic_return=episodes.mean(), t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
-                       t_gae=t_gae, t_update=t_update, t_quant=requant.t_quant, t_swap=t_swap, lr=lr.item(),
+                       t_gae=t_gae, t_update=t_update, t_quant=requant.t_quant, t_swap=t_swap, lr=u.lr.item(),
+                       compiled=compiled_from is not None,
                        **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"),
                                   stats[:n].mean(0).tolist())))  # the one host sync of the iteration
             metrics.write(json.dumps(row) + "\n")
@@ -652,10 +783,11 @@ def main(args: Args):
                 run.log(row, step=global_step)
             bar.update(args.batch_size)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if args.compile and iteration == start_iteration:
+            if iteration == compiled_from:
                 # every unit has compiled and nothing its guards check can change any more: stop checking them
                 # (~40 us of a ~330 us update, ~10 us of a policy step)
                 torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+                time_to_compiled = now - start
             if stop.set:
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -673,22 +805,22 @@ def main(args: Args):
     # script acts (eager on a CPU, compiled on CUDA), int8 as this one does
     x = torch.from_numpy(next_obs).to(device)
     gumbel = -torch.empty(args.num_envs, n_actions, device=device).exponential_().log()
-    fp32_act = functools.partial(act, agent_inference.actor)
-    if args.compile and device.type == "cuda":
-        fp32_act = torch.compile(fp32_act, options=opts)
-    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=args.compile):  # as in the loop
-        latency_fp32 = forward_latency(fp32_act, x, gumbel)
-        latency_quant = forward_latency(functools.partial(policy, requant.current), x, gumbel)
+    # guards are skipped as in the loop, once compiled units act (not while a background compile may still trace)
+    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=compiled_from is not None):
+        latency_fp32 = forward_latency(u.fp32_policy, x, gumbel)
+        latency_quant = forward_latency(functools.partial(u.policy, requant.current), x, gumbel)
     quant = dict(quant_method="torchao Int8DynamicActivationInt8WeightConfig (Linear: int8 weights per channel, "
                               "int8 activations per row)", quant_every=args.quant_every, quant_async=args.quant_async,
-                 policy_bytes_fp32=policy_bytes(agent.actor), policy_bytes_quant=policy_bytes(requant.current),
+                 policy_bytes_fp32=policy_bytes(u.agent.actor), policy_bytes_quant=policy_bytes(requant.current),
                  policy_latency_fp32_us=latency_fp32 * 1e6, policy_latency_quant_us=latency_quant * 1e6)
 
     steady = iter_times[args.measure_burnin:]
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
                    wall_time=time.perf_counter() - start, fps=fps if measure_from else None, final_return=episodes.mean(),
-                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
+                   compile_time=compile_time if args.compile_async else
+                   iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
+                   swap_iteration=swap_iteration, time_to_compiled=time_to_compiled,
                    interrupted=stop.set, **quant)
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -697,6 +829,12 @@ def main(args: Args):
         run.finish()
     print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
           f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
+    if pending is not None:
+        # the run ended before the background compile did: a compiling thread cannot be stopped, and shutting the
+        # interpreter down under it aborts, so leave without waiting (logs, summary and checkpoint are written)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130 if stop.set else 0)
     if stop.set:
         sys.exit(130)
 
