@@ -53,7 +53,10 @@ family() {  # family baseline torchcompile [quantized pruned ddp]: the configura
     if [ "$CUDA" = 1 ]; then run "$f" 04-compile-cudagraphs "$seed" python "$tc" --compile --cudagraphs; fi
     if [ "$f" = atari ] && [ "$BF16" = 1 ]; then run "$f" 05-bf16 "$seed" python "$tc" $COMPILE --bf16; fi
     if [ -n "$quant" ]; then run "$f" 06-quantized "$seed" python "$quant" $COMPILE; fi
-    if [ -n "$pruned" ]; then run "$f" 07-pruned "$seed" python "$pruned" $COMPILE --prune-ratio 0.5; fi
+    # pruned once, before the first iteration: the default schedule (iterations 20-100) outlasts the short budgets
+    if [ -n "$pruned" ]; then
+      run "$f" 07-pruned "$seed" python "$pruned" $COMPILE --prune-ratio 0.5 --prune-start 1 --prune-steps 1
+    fi
     if [ -n "$ddp" ] && [ "$CORES" -ge 2 ]; then
       run "$f" 08-ddp2 "$seed" python -m torch.distributed.run --standalone --nproc-per-node 2 "$ddp" $COMPILE
     fi
