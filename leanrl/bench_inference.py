@@ -59,6 +59,9 @@ class Args:
     """if toggled, run on CUDA when available"""
     seed: int = 1
     """seed of the networks' initialisation and the sample observations"""
+    cold_compile: bool = False
+    """disable Inductor's on-disk caches, so that every cell's compile time is a first compile (by default a graph
+    compiled before on this machine loads from the cache in a fraction of the time)"""
 
 
 def fail(message: str):
@@ -337,6 +340,7 @@ def run(args: Args, device: torch.device, done) -> dict:
             for batch in args.batch_sizes:
                 torch._dynamo.reset()  # each cell compiles from scratch: no recompile limit, its own compile time
                 torch._inductor.config.freezing = config == "int8-static"
+                torch._inductor.config.force_disable_caches = args.cold_compile
                 torch.manual_seed(args.seed)
                 net = make_network(family).to(device).eval()
                 obs = sample_obs(family, batch, gen).to(device)
@@ -367,7 +371,10 @@ def write_table(args: Args, results: dict, device: torch.device, loads: tuple, p
              "convolutions and Linear layers, calibrated on 256 random sample observations; pruned50 is "
              "Torch-Pruning's structured L2-magnitude pruning of 50% of the hidden units and channels, heads kept.",
              "", f"Hardware: {info['cpu']}, GPU: {info['gpu'] or 'none'}, device {device}, torch {torch.__version__}. "
-             f"Load average (1 min) {loads[0]:.2f} at the start, {loads[1]:.2f} at the end.", ""]
+             f"Load average (1 min) {loads[0]:.2f} at the start, {loads[1]:.2f} at the end. Compile times: " +
+             ("first compiles (`--cold-compile`: Inductor's caches disabled)." if args.cold_compile else
+              "Inductor's on-disk cache on, so a graph this machine compiled before loads from it: warm-cache times "
+              "(`--cold-compile` for first compiles)."), ""]
     for family, configs in results.items():
         threads = args.num_threads or (2 if family == "atari" else 1)
         lines += [f"## {family} ({threads} thread{'s' if threads > 1 else ''})", "",

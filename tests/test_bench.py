@@ -84,12 +84,13 @@ def test_gaussian_policy_matches_torch_distributions(bench):
 def test_bench_inference_table(tmp_path):
     table, plot = tmp_path / "inference.md", tmp_path / "inference.png"
     proc = run_tool("bench_inference.py", "--families", "classic-64x2", "--configs", "eager", "cudagraphs",
-                    "int8-dynamic", "--batch-sizes", "4", "--repeats", "3", "--warmup", "1",
+                    "int8-dynamic", "--batch-sizes", "4", "--repeats", "3", "--warmup", "1", "--cold-compile",
                     "--table", str(table), "--plot", str(plot))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = table_rows(table)
     assert [r[0] for r in rows] == ["eager", "int8-dynamic"]  # cudagraphs: no CUDA here
     assert "Skipped here: `cudagraphs` (CUDA graphs need a CUDA device)" in table.read_text()
+    assert "Compile times: first compiles" in table.read_text()
     for row in rows:
         assert float(re.match(r"([\d.]+) \(", row[1]).group(1)) > 0
         assert len(row[2].split(" / ")) == 1  # a compile time per batch size
