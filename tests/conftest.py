@@ -67,13 +67,14 @@ def smoke_runs(runs, tmp_path_factory) -> dict:
     return out
 
 
-def assert_async_compile_matches_eager(script: str, tmp_path: Path, tol: float, compared: int = 4):
+def assert_async_compile_matches_eager(script: str, tmp_path: Path, tol: float, compared: int = 4, extra=()):
     """`--compile --compile-async`, swapped in at iteration 2 of the 4 smoke iterations, against the eager run of the
-    same seed: the first `compared` iterations' losses agree within `tol` (relative and absolute). Only floating-point
-    noise may differ (compiled kernels sum in another order; even eager matmuls differ in the last bits with the memory
-    layout of their inputs); a random number drawn by the background compile, or training state it touched, would
-    change the actions taken and the losses by orders of magnitude more."""
-    flags = (*SMOKE, "--num-threads", "1")
+    same seed (both with the `extra` flags): the first `compared` iterations' losses agree within `tol` (relative and
+    absolute). Only floating-point noise may differ (compiled kernels sum in another order; even eager matmuls differ
+    in the last bits with the memory layout of their inputs); a random number drawn by the background compile, or
+    training state it touched, would change the actions taken and the losses by orders of magnitude more. Returns the
+    async run's process and summary, for the caller's own checks."""
+    flags = (*SMOKE, "--num-threads", "1", *extra)
     run_script(script, *flags, log_dir=tmp_path / "eager")
     proc = run_script(script, *flags, "--compile", "--compile-async", "--compile-swap-iteration", "2",
                       log_dir=tmp_path / "async")
@@ -87,6 +88,7 @@ def assert_async_compile_matches_eager(script: str, tmp_path: Path, tol: float, 
     keys = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
     for e, a in zip(eager[:compared], swapped[:compared], strict=True):
         assert {k: a[k] for k in keys} == pytest.approx({k: e[k] for k in keys}, rel=tol, abs=tol), a["iteration"]
+    return proc, summary
 
 
 @pytest.fixture
