@@ -2,12 +2,15 @@
 
 ppo_atari_envpool_torchcompile.py plus one trick: the rollout's policy is a low-precision copy of the agent, rebuilt
 from the trained fp32 weights every `--quant-every` iterations (with `--quant-async` in a background thread while the
-rollouts go on), while the update trains the fp32 agent. The copy's trunk holds bf16 weights and runs oneDNN's
-AVX512-BF16/AMX convolutions: measured against int8 for this network at 8 envs (doc/quantized.md), PT2E static int8
-(X86InductorQuantizer) needs a re-export, calibration and recompile per rebuild (tens of seconds) and torchao's
-int8 Linear needs torch.compile around the whole step, both slower here than the bf16 trunk run eagerly, whose
-rebuild is a cast. The data come from a behaviour policy that is not the trained one, so the stored
-log-probabilities are those of the copy that acted and the update's ratio is a true importance ratio.
+rollouts go on), while the update trains the fp32 agent. On a CPU the copy's trunk is int8 (`--quant-method int8`):
+PyTorch's eager static quantization on the x86 engine (fbgemm/oneDNN VNNI kernels), convolutions and the 3136x512
+layer fused with their ReLUs, activation ranges calibrated on the latest observations. Its rebuild is eager
+(observe one batch, convert: ~0.1 s), where PT2E static int8 (X86InductorQuantizer) runs as fast but needs a
+re-export and an Inductor recompile per rebuild (seconds), and torchao's int8 tensors cover Linear layers only.
+On CUDA (those int8 kernels are CPU-only) the copy's trunk holds bf16 weights (`--quant-method bf16`, also the
+fallback for CPUs without the x86 engine). doc/quantized.md has the measurements. The data come from a behaviour
+policy that is not the trained one, so the stored log-probabilities are those of the copy that acted and the
+update's ratio is a true importance ratio.
 
 The base script's notes follow.
 
@@ -35,16 +38,18 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import partial
 from types import SimpleNamespace
-from typing import Optional
+from typing import Literal, Optional
 
 import envpool
 import numpy as np
 import torch
+import torch.ao.quantization as tq
 import torch.nn as nn
 import tqdm
 import tyro
@@ -137,6 +142,8 @@ class Args:
     """rebuild the low-precision rollout policy from the trained fp32 weights every this many iterations"""
     quant_async: bool = False
     """build the next rollout policy in a background thread while the rollouts go on; it acts from the next iteration"""
+    quant_method: Literal["auto", "int8", "bf16"] = "auto"
+    """the rollout policy's trunk: int8 (CPU, x86 engine), bf16 weights, or auto: int8 on such a CPU, else bf16"""
 
 
 def fail(message: str):
@@ -288,15 +295,34 @@ def inference_copy(agent: Agent) -> Agent:
     return copy
 
 
-def quantize_policy(agent: Agent, sample_obs) -> Agent:
-    """The rollout policy: `agent` (a fresh copy of the trained one) with its trunk's weights in bf16, run under the
-    trunk's bf16 autocast (the weights are already bf16: no per-call casts), the two small heads in fp32. On a CPU
-    with AVX512-BF16/AMX (and on CUDA) the convolutions and the 3136x512 layer run ~2-3x faster than fp32 at 8 envs;
-    the rebuild is a cast of 1.7M weights. Returned after a warm-up forward, ready to act."""
-    agent.network.to(torch.bfloat16)
-    agent.bf16 = True
+# PyTorch's eager int8 modules warn that torch.ao.quantization is deprecated in favour of torchao, whose int8 covers
+# Linear layers only, and of PT2E, which recompiles per rebuild; the pinned torch has them, so say it once, here
+warnings.filterwarnings("ignore", message=r"(?s).*(torch\.ao\.quantization is deprecated|quantized tensor creation)")
+# activations per tensor, ranges from the calibration batch (min/max: as close to fp32 as the histogram observer
+# here at a third of its cost); 7 bits keep fbgemm's int16 accumulation from saturating on CPUs without VNNI
+INT8_QCONFIG = tq.QConfig(activation=tq.MinMaxObserver.with_args(quant_min=0, quant_max=127),
+                          weight=tq.default_per_channel_weight_observer)
+
+
+def quantize_policy(agent: Agent, calib_obs, method: str) -> Agent:
+    """The rollout policy: `agent` (a fresh copy of the trained one) with a low-precision trunk and the two small
+    heads in fp32. int8: the trunk between a quantize and a dequantize stub, each conv/linear fused with its ReLU,
+    activation ranges observed on `calib_obs` (recent frames), then converted to the x86 engine's int8 modules: ~2.8x
+    faster than fp32 at 8 envs on this CPU (AVX512-VNNI), rebuilt in ~0.1 s. bf16: the trunk's weights cast and run
+    under the trunk's bf16 autocast (no per-call casts), ~1.3x here, a cast to rebuild. Returned after a warm-up
+    forward, ready to act."""
     agent.requires_grad_(False)
-    agent.get_value(sample_obs)
+    if method == "bf16":
+        agent.network.to(torch.bfloat16)
+        agent.bf16 = True
+    else:
+        net = nn.Sequential(tq.QuantStub(), *agent.network, tq.DeQuantStub()).eval()
+        net = tq.fuse_modules(net, [["1", "2"], ["3", "4"], ["5", "6"], ["8", "9"]])  # conv/linear + ReLU
+        net.qconfig = INT8_QCONFIG
+        tq.prepare(net, inplace=True)
+        net(calib_obs.float() / 255.0)
+        agent.network, agent.bf16 = tq.convert(net), False
+    agent.get_value(calib_obs[-1:])
     return agent
 
 
@@ -306,18 +332,19 @@ class Requantizer:
     thread whose result is swapped in at the next boundary, so the rebuild leaves the critical path.
     t_quant is the rebuild's own time, t_swap what the loop spent on it (sync: the rebuild; async: the wait)."""
 
-    def __init__(self, agent: Agent, sample_obs, every: int, background: bool):
-        self.agent, self.sample_obs, self.every = agent, sample_obs, every
+    def __init__(self, agent: Agent, method: str, every: int, background: bool):
+        self.agent, self.method, self.every = agent, method, every
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="quantize") if background else None
         self.current, self.pending, self.t_quant = None, None, None
 
-    def build(self, snapshot):
+    def build(self, snapshot, calib_obs):
         t0 = time.perf_counter()
-        quantized = quantize_policy(snapshot, self.sample_obs)
+        quantized = quantize_policy(snapshot, calib_obs, self.method)
         return quantized, time.perf_counter() - t0
 
-    def refresh(self, age: int):
-        """Call at the start of every iteration; `age` counts the iterations of this run so far. Returns t_swap."""
+    def refresh(self, age: int, calib_obs):
+        """Call at the start of every iteration; `age` counts the iterations of this run so far, `calib_obs` are
+        recent frames (a tensor of its own: an async rebuild reads it while the next rollout runs). Returns t_swap."""
         t0 = time.perf_counter()
         self.t_quant = None
         if self.pending is not None:
@@ -327,9 +354,9 @@ class Requantizer:
             # registered Parameters (an inference copy's plain tensors would be invisible to .to() and state_dict)
             snapshot = copy.deepcopy(self.agent)
             if self.pool is None or self.current is None:  # the first copy is built in line: there is none to act yet
-                self.current, self.t_quant = self.build(snapshot)
+                self.current, self.t_quant = self.build(snapshot, calib_obs)
             else:
-                self.pending = self.pool.submit(self.build, snapshot)
+                self.pending = self.pool.submit(self.build, snapshot, calib_obs)
         return time.perf_counter() - t0
 
     def close(self):
@@ -439,8 +466,9 @@ def make_units(agent: Agent, agent_inference: Agent, args: Args, device, compile
                         learn=partial(update, agent, optimizer, args))
     if compiled:
         u.advantage, u.learn = torch.compile(u.advantage), torch.compile(u.learn)
-        # on a CPU the bf16 policy step stays eager: compiled without freezing it measured slower (oneDNN reorders
-        # the weights at every call), and freezing would bake the weights in, a recompile per rebuild
+        # on a CPU the policy step stays eager: the int8 modules run prepacked kernels eagerly, and a compiled bf16
+        # step measured slower without freezing (oneDNN reorders the weights at every call), while freezing would
+        # bake the weights in, a recompile per rebuild
         if device.type == "cuda":
             u.act = torch.compile(u.act)
     return u
@@ -458,8 +486,9 @@ def warm_up(u, args: Args, device, obs_shape, n_actions: int):
     specializes a graph on two inputs being the same tensor, and would compile again in the loop."""
     T, N = args.num_steps, args.num_envs
     obs = torch.zeros((N,) + obs_shape, dtype=torch.uint8, device=device)
-    # a throwaway bf16 copy, only to run with: the policy step takes the loop's current copy as an argument
-    u.act(quantize_policy(copy.deepcopy(u.agent), obs), obs, torch.zeros(N, n_actions, device=device))
+    # a throwaway low-precision copy, only to run with: the policy step takes the loop's current copy as an argument
+    qagent = quantize_policy(copy.deepcopy(u.agent), obs, args.quant_method)
+    u.act(qagent, obs, torch.zeros(N, n_actions, device=device))
     u.advantage(*[torch.zeros(N, device=device) for _ in range(2)],
                 *[torch.zeros(T, N, device=device) for _ in range(3)])
     mb = args.minibatch_size
@@ -523,6 +552,21 @@ def load_units(dst, src):
 
 
 STAT_NAMES = ("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
+
+
+QUANT_METHODS = dict(int8="int8 trunk (eager static quantization, x86 engine: fbgemm/oneDNN VNNI kernels), fp32 heads",
+                     bf16="bf16 trunk weights (oneDNN AVX512-BF16/AMX or CUDA convolutions and GEMM), fp32 heads")
+
+
+def resolve_quant_method(args: Args, device: torch.device):
+    """--quant-method auto is int8 where PyTorch's x86 int8 engine runs (a CPU), else bf16."""
+    int8_ok = device.type == "cpu" and "x86" in torch.backends.quantized.supported_engines
+    if args.quant_method == "auto":
+        args.quant_method = "int8" if int8_ok else "bf16"
+    if args.quant_method == "int8":
+        if not int8_ok:
+            fail(f"--quant-method int8 runs PyTorch's x86 CPU int8 kernels, not available on {device.type}; use bf16")
+        torch.backends.quantized.engine = "x86"
 
 
 def bf16_supported(device: torch.device) -> bool:
@@ -592,6 +636,7 @@ def main(args: Args):
         print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
         args.cudagraphs = False
     use_bf16 = args.bf16 and bf16_supported(device)
+    resolve_quant_method(args, device)
 
     ckpt = load_checkpoint(args) if args.resume else None
     envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
@@ -649,7 +694,7 @@ def main(args: Args):
 
         run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
                          name=os.path.basename(log_dir), dir=log_dir, save_code=True)
-    requant = Requantizer(u.agent, next_obs, args.quant_every, args.quant_async)
+    requant = Requantizer(u.agent, args.quant_method, args.quant_every, args.quant_async)
     metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
@@ -666,7 +711,7 @@ def main(args: Args):
                 if args.cudagraphs:
                     add_cudagraphs(compiled)
                 u, pending, compiled_from, swap_iteration = compiled, None, iteration, iteration
-                # rebuilds now copy the compiled units' agent; the bf16 copy acting now came from the same weights
+                # rebuilds now copy the compiled units' agent; the copy acting now came from the same weights
                 requant.agent = u.agent
                 bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)",
                           file=sys.stderr)
@@ -674,7 +719,8 @@ def main(args: Args):
                 lr = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
                 u.optimizer.param_groups[0]["lr"].copy_(lr)
 
-            t_swap = requant.refresh(iteration - start_iteration)
+            # int8 activation ranges come from the frames at hand and every 16th step of the last rollout
+            t_swap = requant.refresh(iteration - start_iteration, torch.cat([next_obs, buf["obs"][::16].flatten(0, 1)]))
             qagent = requant.current  # the policy that acts in this rollout: its log-probs and values are stored
             gumbel = -torch.empty(shape + (envs.action_space.n,), device=device).exponential_(generator=rng).log()
             next_obs, next_done, t_env, t_policy = rollout(envs, partial(u.act, qagent), next_obs, next_done, buf,
@@ -684,8 +730,8 @@ def main(args: Args):
 
             t0 = time.perf_counter()
             # values from the acting copy's critic: they come free with its step, where fp32 values would cost one
-            # more batched trunk forward per iteration; bf16's error on them (~1e-3 relative) is far below the
-            # noise of the returns. doc/quantized.md: the learning comparison.
+            # more batched trunk forward per iteration (~0.1 s on 2 cores, what int8 saves on the policy); the
+            # copy's error on them (tests: within 2% of their scale) is small beside the critic's own error.
             buf["advantages"], buf["returns"] = u.advantage(qagent.get_value(next_obs), next_done,
                                                           buf["rewards"], buf["values"], buf["dones"])
             t_gae = time.perf_counter() - t0
@@ -741,7 +787,7 @@ def main(args: Args):
     gumbel = -torch.empty(args.num_envs, u.agent.actor.out_features, device=device).exponential_().log()
     latency_fp32 = forward_latency(partial(policy, u.agent_inference), next_obs, gumbel)
     latency_quant = forward_latency(partial(policy, requant.current), next_obs, gumbel)
-    quant = dict(quant_method="bf16 trunk weights (oneDNN AVX512-BF16/AMX convolutions and GEMM), fp32 heads",
+    quant = dict(quant_method=QUANT_METHODS[args.quant_method],
                  quant_every=args.quant_every, quant_async=args.quant_async,
                  policy_bytes_fp32=policy_bytes(u.agent), policy_bytes_quant=policy_bytes(requant.current),
                  policy_latency_fp32_us=latency_fp32 * 1e6, policy_latency_quant_us=latency_quant * 1e6)
