@@ -289,17 +289,20 @@ class Dist:
 
     def rank0_first(self, fn, *args):
         """fn(*args) on rank 0, while the other ranks wait until it has ended (or failed). The signal goes through the
-        job's key-value store, not a collective: this runs in a background thread, beside the loop's collectives."""
-        store, key = (dist.distributed_c10d._get_default_store() if self.in_group else None), f"leanrl/{fn.__name__}"
+        job's key-value store (the one torchrun serves at MASTER_ADDR:MASTER_PORT, joined as a client), not a
+        collective: this runs in a background thread, beside the loop's collectives."""
+        if not self.in_group:
+            return fn(*args)
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=datetime.timedelta(hours=1))  # a cold compile takes minutes, not hours
+        key = f"leanrl/{fn.__name__}"
         if self.rank > 0:
-            while not store.check([key]):
-                time.sleep(0.5)
+            store.wait([key])
             return
         try:
             fn(*args)
         finally:
-            if store is not None:
-                store.set(key, "done")
+            store.set(key, "done")
 
     def close(self):
         if self.in_group:
