@@ -304,13 +304,14 @@ INT8_QCONFIG = tq.QConfig(activation=tq.MinMaxObserver.with_args(quant_min=0, qu
                           weight=tq.default_per_channel_weight_observer)
 
 
-def quantize_policy(agent: Agent, calib_obs, method: str) -> Agent:
+def quantize_policy(agent: Agent, obs, method: str, calib_obs=None) -> Agent:
     """The rollout policy: `agent` (a fresh copy of the trained one) with a low-precision trunk and the two small
     heads in fp32. int8: the trunk between a quantize and a dequantize stub, each conv/linear fused with its ReLU,
-    activation ranges observed on `calib_obs` (recent frames), then converted to the x86 engine's int8 modules: the
-    trunk ~2.8x and the whole acting step ~1.75x faster than fp32 at 8 envs on this CPU (AVX512-VNNI), rebuilt in
-    ~0.1 s. bf16: the trunk's weights cast and run under the trunk's bf16 autocast (no per-call casts), the step
-    ~1.35x here, a cast to rebuild. Returned after a warm-up forward, ready to act."""
+    activation ranges observed on `calib_obs` (recent frames; default `obs`), then converted to the x86 engine's
+    int8 modules: the trunk ~2.8x and the whole acting step ~1.75x faster than fp32 at 8 envs on this CPU
+    (AVX512-VNNI), rebuilt in ~0.1 s. bf16: the trunk's weights cast and run under the trunk's bf16 autocast (no
+    per-call casts), the step ~1.35x here, a cast to rebuild. Returned after a warm-up forward on `obs` (a rollout
+    step's batch), ready to act."""
     agent.requires_grad_(False)
     if method == "bf16":
         agent.network.to(torch.bfloat16)
@@ -320,9 +321,9 @@ def quantize_policy(agent: Agent, calib_obs, method: str) -> Agent:
         net = tq.fuse_modules(net, [["1", "2"], ["3", "4"], ["5", "6"], ["8", "9"]])  # conv/linear + ReLU
         net.qconfig = INT8_QCONFIG
         tq.prepare(net, inplace=True)
-        net(calib_obs.float() / 255.0)
+        net((obs if calib_obs is None else calib_obs).float() / 255.0)
         agent.network, agent.bf16 = tq.convert(net), False
-    agent.get_value(calib_obs[-1:])
+    agent.get_value(obs)
     return agent
 
 
@@ -337,14 +338,14 @@ class Requantizer:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="quantize") if background else None
         self.current, self.pending, self.t_quant = None, None, None
 
-    def build(self, snapshot, calib_obs):
+    def build(self, snapshot, obs, calib_obs):
         t0 = time.perf_counter()
-        quantized = quantize_policy(snapshot, calib_obs, self.method)
+        quantized = quantize_policy(snapshot, obs, self.method, calib_obs)
         return quantized, time.perf_counter() - t0
 
-    def refresh(self, age: int, calib_obs):
-        """Call at the start of every iteration; `age` counts the iterations of this run so far, `calib_obs` are
-        recent frames (a tensor of its own: an async rebuild reads it while the next rollout runs). Returns t_swap."""
+    def refresh(self, age: int, obs, rollout_obs):
+        """Call at the start of every iteration; `age` counts the iterations of this run so far, `obs` are the frames
+        the next step acts on, `rollout_obs` the last rollout's. Returns t_swap."""
         t0 = time.perf_counter()
         self.t_quant = None
         if self.pending is not None:
@@ -353,10 +354,14 @@ class Requantizer:
         if age % self.every == 0:
             # registered Parameters (an inference copy's plain tensors would be invisible to .to() and state_dict)
             snapshot = copy.deepcopy(self.agent)
+            # int8 activation ranges from the frames at hand and every 16th step of the last rollout; copies, since
+            # an async rebuild reads them while the next rollout writes the buffer
+            obs = obs.clone()
+            calib_obs = torch.cat([obs, rollout_obs[::16].flatten(0, 1)])
             if self.pool is None or self.current is None:  # the first copy is built in line: there is none to act yet
-                self.current, self.t_quant = self.build(snapshot, calib_obs)
+                self.current, self.t_quant = self.build(snapshot, obs, calib_obs)
             else:
-                self.pending = self.pool.submit(self.build, snapshot, calib_obs)
+                self.pending = self.pool.submit(self.build, snapshot, obs, calib_obs)
         return time.perf_counter() - t0
 
     def close(self):
@@ -719,8 +724,7 @@ def main(args: Args):
                 lr = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
                 u.optimizer.param_groups[0]["lr"].copy_(lr)
 
-            # int8 activation ranges come from the frames at hand and every 16th step of the last rollout
-            t_swap = requant.refresh(iteration - start_iteration, torch.cat([next_obs, buf["obs"][::16].flatten(0, 1)]))
+            t_swap = requant.refresh(iteration - start_iteration, next_obs, buf["obs"])
             qagent = requant.current  # the policy that acts in this rollout: its log-probs and values are stored
             gumbel = -torch.empty(shape + (envs.action_space.n,), device=device).exponential_(generator=rng).log()
             next_obs, next_done, t_env, t_policy = rollout(envs, partial(u.act, qagent), next_obs, next_done, buf,

@@ -142,7 +142,6 @@ def test_cnn_policy_close_to_fp32(atari, method, dtype, value_tol):
     agent = atari.Agent(4)
     torch.nn.init.orthogonal_(agent.actor.weight, 3.0)
     obs = torch.randint(0, 256, (32, 4, 84, 84), dtype=torch.uint8)
-    torch.backends.quantized.engine = "x86"
     quantized = atari.quantize_policy(copy.deepcopy(agent), obs[:8], method)
     with torch.no_grad():
         hidden = agent.trunk(obs)
