@@ -142,8 +142,8 @@ class Args:
     """pruning steps that reach --prune-ratio, an equal share each"""
     prune_every: int = 20
     """iterations between two pruning steps"""
-    prune_start: int = 20
-    """iteration of the first pruning step (it prunes before that iteration's rollout)"""
+    prune_start: int = 150
+    """iteration of the first pruning step; late, as Breakout pruned from iteration 20 learned less (doc/pruned.md)"""
     prune_importance: Literal["magnitude", "random"] = "magnitude"
     """which channels go: those whose group of weights has the smallest L2 norm, or random ones (the control)"""
     prune_mode: Literal["structural", "mask"] = "structural"
