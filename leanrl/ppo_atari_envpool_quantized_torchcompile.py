@@ -734,7 +734,7 @@ def main(args: Args):
 
             t0 = time.perf_counter()
             # values from the acting copy's critic: they come free with its step, where fp32 values cost one more
-            # batched trunk forward per iteration (measured: ~10% of it, twice what int8 saves on acting) and ended
+            # batched trunk forward per iteration (measured: ~10% of it, more than int8 saves on acting) and ended
             # Breakout at 400k steps higher, but not significantly (9.4 vs 8.2, 3 seeds, both in fp32's spread).
             buf["advantages"], buf["returns"] = u.advantage(qagent.get_value(next_obs), next_done,
                                                           buf["rewards"], buf["values"], buf["dones"])
