@@ -1,8 +1,13 @@
+import contextlib
+import glob
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -11,19 +16,139 @@ ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ["--num-envs", "1", "--num-steps", "64", "--total-timesteps", "256"]
 
 
+def process_tree(pid: int) -> list:
+    """`pid` and its descendants, read from /proc (the children of each of their threads)."""
+    tree = [pid]
+    for parent in tree:  # grows as it goes: breadth first
+        for children in glob.glob(f"/proc/{parent}/task/*/children"):
+            with contextlib.suppress(OSError):
+                tree += [int(c) for c in Path(children).read_text().split()]
+    return tree
+
+
+class Child:
+    """A command started as a subprocess the way every test here starts one. Its stdout and stderr go to files next
+    to the run (a pipe that nobody reads fills at 64 KiB and blocks the child mid-write), it leads a process group of
+    its own (a kill reaches torchrun's ranks and Inductor's compile workers too), and every wait has a deadline after
+    which the whole group gets SIGKILL and the test fails saying what it was waiting for."""
+
+    started = []  # every child of this test process, killed at the end of each test (see the autouse fixture)
+
+    def __init__(self, cmd, out: Path = None, env: dict = None):
+        out = out or Path(tempfile.mkdtemp(prefix="leanrl-test-")) / "out"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self.cmd, self.out_path, self.err_path = [str(c) for c in cmd], out.with_name(out.name + ".stdout"), \
+            out.with_name(out.name + ".stderr")
+        env = dict(os.environ if env is None else env, PYTHONWARNINGS="ignore")
+        with open(self.out_path, "w") as stdout, open(self.err_path, "w") as stderr:
+            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env,
+                                         cwd=ROOT, start_new_session=True)
+        Child.started.append(self)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def stdout(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def exited(self) -> bool:
+        """Whether the child has exited, without reaping it: until it is reaped its pid (the group's id) cannot be
+        reused, so a kill of the group can never reach an unrelated process."""
+        if self.proc.returncode is not None:
+            return True
+        return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+    def send_signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def kill(self) -> int:
+        """SIGKILL to the child, its descendants (torchrun starts each rank in a session of its own) and its process
+        group (an exited child may have left members behind), then reap it; returns its exit code."""
+        if self.proc.returncode is None:
+            for pid in process_tree(self.proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.wait()
+
+    @property
+    def name(self) -> str:
+        return " ".join(Path(c).name if c.startswith(str(ROOT)) else c for c in self.cmd[:3])
+
+    def wait_until(self, condition, timeout: float, waiting_for: str, poll: float = 0.1):
+        """Poll `condition()` while the child runs; returns its first true value. Fails (and kills the child) at the
+        deadline or if the child exits before the condition holds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = condition()
+            if value:
+                return value
+            if self.exited():
+                code = self.kill()
+                pytest.fail(f"{self.name} exited {code} before {waiting_for}\nlast stderr:\n{self.stderr[-3000:]}",
+                            pytrace=False)
+            if time.monotonic() > deadline:
+                self.kill()
+                pytest.fail(f"{self.name} killed after {timeout:.0f}s waiting for {waiting_for}\n"
+                            f"last stderr:\n{self.stderr[-3000:]}", pytrace=False)
+            time.sleep(poll)
+
+    def wait(self, timeout: float, waiting_for: str = "it to exit") -> int:
+        """The exit code, waited for at most `timeout` seconds; whatever the child left running in its group (a
+        compile worker, a rank) is killed with it."""
+        self.wait_until(self.exited, timeout, waiting_for, poll=0.05)
+        return self.kill()
+
+    def result(self, timeout: float, check: bool = True) -> subprocess.CompletedProcess:
+        """Wait for the exit (bounded) and return what subprocess.run would."""
+        code = self.wait(timeout)
+        proc = subprocess.CompletedProcess(self.cmd, code, self.stdout, self.stderr)
+        if check and code != 0:
+            raise AssertionError(f"{' '.join(self.cmd)} exited {code}\n{proc.stderr[-4000:]}")
+        return proc
+
+
+@pytest.fixture(autouse=True)
+def _kill_leftover_children():
+    """No test leaves a process behind, whatever way it ended (a failed assertion, pytest-timeout)."""
+    yield
+    while Child.started:
+        Child.started.pop().kill()
+
+
+def start_script(script: str, *flags: str, log_dir: Path, env: dict = None) -> Child:
+    """Start leanrl/<script> as a user would, logging into `log_dir`; its output goes to log_dir.stdout/.stderr."""
+    return Child([sys.executable, ROOT / "leanrl" / script, "--log-dir", log_dir, *flags], log_dir, env)
+
+
 def run_script(script: str, *flags: str, log_dir: Path, timeout: float = 600, check: bool = True):
-    """Run leanrl/<script> as a user would; returns the CompletedProcess."""
-    cmd = [sys.executable, str(ROOT / "leanrl" / script), "--log-dir", str(log_dir), *flags]
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stderr[-4000:]}")
-    return proc
+    """Run leanrl/<script> to the end (at most `timeout` seconds); returns a CompletedProcess."""
+    return start_script(script, *flags, log_dir=log_dir).result(timeout, check)
+
+
+def run_command(cmd, out: Path = None, timeout: float = 600, env: dict = None, check: bool = False):
+    """Any other command (a tool, run.sh), run the same way; its output goes to out.stdout/.stderr (default: a
+    temporary folder)."""
+    return Child(cmd, out, env).result(timeout, check)
 
 
 def read_metrics(log_dir: Path) -> list:
     with open(log_dir / "metrics.jsonl") as f:
         return [json.loads(line) for line in f]
+
+
+def read_metrics_so_far(log_dir: Path) -> list:
+    """metrics.jsonl while a run writes it: the rows complete so far (none before the file exists)."""
+    path = log_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+    return [json.loads(ln) for ln in lines if ln.endswith("\n")]
 
 
 def read_summary(log_dir: Path) -> dict:

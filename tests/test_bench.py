@@ -4,7 +4,6 @@ structure, the compressed agents' actions and the sizes are."""
 
 import io
 import re
-import subprocess
 import sys
 
 import envpool
@@ -12,12 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, SMOKE, assert_user_error, load_script, run_script
+from conftest import ROOT, SMOKE, assert_user_error, load_script, run_command, run_script
 
 
 def run_tool(tool: str, *flags: str):
-    return subprocess.run([sys.executable, str(ROOT / "leanrl" / tool), *flags], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT)
+    return run_command([sys.executable, ROOT / "leanrl" / tool, *flags], timeout=600)
 
 
 def table_rows(path) -> list:

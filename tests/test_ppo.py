@@ -2,15 +2,12 @@
 
 import functools
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 import torch
-from conftest import (ROOT, SMOKE, assert_async_compile_matches_eager, assert_rejected, assert_user_error, load_script,
-                      read_metrics, read_summary, run_script)
+from conftest import (SMOKE, assert_async_compile_matches_eager, assert_rejected, assert_user_error, load_script,
+                      read_metrics, read_metrics_so_far, read_summary, run_script, start_script)
 
 SCRIPTS = ["ppo.py", "ppo_torchcompile.py"]
 ROW_FIELDS = {"iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
@@ -213,28 +210,17 @@ def test_compile_async_swap_matches_eager(tmp_path):
     assert_async_compile_matches_eager("ppo_torchcompile.py", tmp_path, tol=1e-4)
 
 
-def wait_for_rows(log_dir, n, proc, timeout=300):
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if (log_dir / "metrics.jsonl").exists() and len((log_dir / "metrics.jsonl").read_text().splitlines()) >= n:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"run ended or stalled before {n} iterations")
-
-
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_ctrl_c_then_resume_matches_uninterrupted(script, tmp_path):
     """Ctrl-C stops after the iteration with logs and a checkpoint; resuming it reaches the parameters of a run
     that was never interrupted, bit for bit (eager mode: the same ops in the same order; the checkpoint carries
     the RNG and the classic-control env state)."""
     flags = ["--num-envs", "2", "--num-steps", "32", "--total-timesteps", str(64 * 300), "--save-model"]
-    cmd = [sys.executable, str(ROOT / "leanrl" / script), *flags]
     first = tmp_path / "first"
-    proc = subprocess.Popen([*cmd, "--log-dir", str(first)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
-    wait_for_rows(first, 5, proc)
+    proc = start_script(script, *flags, log_dir=first)
+    proc.wait_until(lambda: len(read_metrics_so_far(first)) >= 5, 300, "5 iterations in metrics.jsonl")
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err.decode()[-2000:]
+    assert proc.wait(120, "the exit after Ctrl-C") == 130, proc.stderr[-2000:]
     stopped_at = len(read_metrics(first))
     assert 5 <= stopped_at < 300 and read_summary(first)["interrupted"]
     ckpt = torch.load(first / "agent.pt", weights_only=True)

@@ -136,7 +136,10 @@ def test_episode_return_is_the_full_unclipped_game_score(name):
     assert max(expected) > 0
 
 
-@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("bf16", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="this CPU has no native bf16 (AVX512-BF16 or AMX): the script runs its trunk in fp32 here, and eager and "
+           "Inductor's emulated bf16 round differently"))], ids=["fp32", "bf16"])
 def test_compiled_update_matches_eager(tc, bf16):
     """One minibatch step of `update`, eager and under torch.compile, from the same agent and data.
     Tolerances: in fp32 inductor only reorders sums (fused kernels), ~1e-6 relative on losses and gradients

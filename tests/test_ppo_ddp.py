@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -18,7 +17,8 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import ROOT, SMOKE, assert_rejected, assert_user_error, load_script, read_metrics, read_summary, run_script
+from conftest import (ROOT, SMOKE, Child, assert_rejected, assert_user_error, load_script, read_metrics,
+                      read_metrics_so_far, read_summary, run_command, run_script)
 
 ROW_FIELDS = {"iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
               "t_update", "lr", "approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "world_size", "t_sync"}
@@ -33,13 +33,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(script, nproc, *flags, log_dir, **popen):
-    """Start `torchrun --nproc-per-node nproc leanrl/<script>` on a free port; returns the Popen."""
+def torchrun(script, nproc, *flags, log_dir) -> Child:
+    """Start `torchrun --nproc-per-node nproc leanrl/<script>` on a free port."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
            "127.0.0.1", "--master-port", str(free_port()), str(ROOT / "leanrl" / script), "--log-dir", str(log_dir),
            "--num-threads", "1", *flags]
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, **popen)
+    return Child(cmd, log_dir)
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +46,7 @@ def two_ranks(tmp_path_factory):
     """The classic script on 2 ranks x 2 envs x 32 steps, 8 iterations (128 steps each)."""
     log_dir = tmp_path_factory.mktemp("ddp") / "run"
     proc = torchrun(CLASSIC, 2, "--num-envs", "2", "--num-steps", "32", "--total-timesteps", "1024", log_dir=log_dir)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-4000:]
-    return log_dir, err
+    return log_dir, proc.result(300).stderr
 
 
 def test_torchrun_two_ranks_logs(two_ranks):
@@ -102,9 +99,7 @@ def two_rank_run(log_dir, *flags):
     """The classic script on 2 ranks x 1 env x 64 steps, 4 iterations; returns torchrun's stderr."""
     proc = torchrun(CLASSIC, 2, "--num-envs", "1", "--num-steps", "64", "--total-timesteps", "512", *flags,
                     log_dir=log_dir)
-    _, err = proc.communicate(timeout=900)
-    assert proc.returncode == 0, err[-4000:]
-    return err
+    return proc.result(900).stderr
 
 
 def test_compile_async_two_ranks_smoke(tmp_path):
@@ -214,7 +209,13 @@ def test_two_ranks_equal_one_process_with_all_envs(dd, global_adv_norm, tmp_path
     """2 ranks x 2 envs, each on its own minibatch rows, apply the update 1 process x 4 envs computes from the
     union of those rows: averaged gradients, advantages normalized over both ranks' rows. With
     --no-global-adv-norm each rank normalizes on its own rows, which is a different update: the check can fail."""
-    mp.spawn(rank_worker, args=(free_port(), global_adv_norm, str(tmp_path)), nprocs=2, join=True)
+    ranks = mp.spawn(rank_worker, args=(free_port(), global_adv_norm, str(tmp_path)), nprocs=2, join=False)
+    deadline = time.monotonic() + 300
+    while not ranks.join(timeout=1):  # re-raises a rank's exception
+        if time.monotonic() > deadline:
+            for p in ranks.processes:
+                p.kill()
+            pytest.fail("the 2 gloo ranks did not finish their updates within 300 s")
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     for key in ("WORLD_SIZE", "RANK"):
         monkeypatch.delenv(key, raising=False)
@@ -261,26 +262,17 @@ def test_lost_rank_stops_the_job(sig, words, tmp_path):
     log_dir = tmp_path / "run"
     proc = torchrun(CLASSIC, 2, "--num-envs", "2", "--num-steps", "32", "--total-timesteps", "100000000",
                     "--dist-timeout", str(timeout), log_dir=log_dir)
-    ranks = []
-    try:
-        deadline = time.time() + 120
-        while not (log_dir / "metrics.jsonl").exists() or len(read_metrics(log_dir)) < 2:
-            assert time.time() < deadline and proc.poll() is None, "the run did not start"
-            time.sleep(0.1)
-        ranks = [child_pid(proc.pid, r) for r in (0, 1)]
-        t0 = time.time()
-        os.kill(ranks[1], sig)
-        while not gone(ranks[0]) and time.time() < t0 + timeout + 60:
-            time.sleep(0.05)
-        elapsed = time.time() - t0
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(ranks[1], signal.SIGKILL)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        for pid in (proc.pid, *ranks):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    assert proc.returncode != 0
+    proc.wait_until(lambda: len(read_metrics_so_far(log_dir)) >= 2, 120, "2 iterations in metrics.jsonl")
+    ranks = [child_pid(proc.pid, r) for r in (0, 1)]
+    t0 = time.time()
+    os.kill(ranks[1], sig)
+    while not gone(ranks[0]) and time.time() < t0 + timeout + 60:
+        time.sleep(0.05)
+    elapsed = time.time() - t0
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(ranks[1], signal.SIGKILL)
+    assert proc.wait(60, "torchrun to exit once rank 0 was gone") != 0
+    err = proc.stderr
     lost = [ln for ln in err.splitlines() if "lost the other ranks" in ln]
     assert lost and lost[0].startswith("error: rank 0 of 2"), err[-3000:]
     assert any(w in lost[0].lower() for w in words), lost[0]
@@ -292,8 +284,7 @@ def test_bench_scaling_tiny(tmp_path):
     cmd = [sys.executable, str(ROOT / "leanrl" / "bench_scaling.py"), "--scaling", "strong", "--max-world-size", "2",
            "--num-envs", "2", "--num-steps", "32", "--total-timesteps", "768", "--measure-burnin", "1", "--no-compile",
            "--out-dir", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_command(cmd, tmp_path / "bench_scaling", timeout=300, check=True)
     rows = json.loads((out / "scaling_strong.json").read_text())["rows"]
     assert [r["world_size"] for r in rows] == [1, 2]
     assert [r["num_envs"] for r in rows] == [2, 1]  # strong: the global batch stays 2 envs
@@ -333,19 +324,16 @@ BENCH_BAD = [
 
 @pytest.mark.parametrize("flags,words", BENCH_BAD, ids=[" ".join(f) for f, _ in BENCH_BAD])
 def test_bench_scaling_bad_input(flags, words, tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "leanrl" / "bench_scaling.py"), *flags, "--out-dir",
-                           str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          check=False)
+    proc = run_command([sys.executable, ROOT / "leanrl" / "bench_scaling.py", *flags, "--out-dir", tmp_path / "out"],
+                       tmp_path / "bench_scaling", timeout=120)
     assert_user_error(proc, *words)
-    assert not list(tmp_path.iterdir())
+    assert not (tmp_path / "out").exists()
 
 
 def test_resume_needs_the_same_world_size(tmp_path):
     """A checkpoint holds every rank's envs: resuming it with another number of ranks is a user mistake."""
     first = tmp_path / "first"
-    proc = torchrun(CLASSIC, 2, *SMOKE, "--save-model", log_dir=first)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
+    torchrun(CLASSIC, 2, *SMOKE, "--save-model", log_dir=first).result(300)
     ckpt = torch.load(first / "agent.pt", weights_only=True)
     assert ckpt["world_size"] == 2 and len(ckpt["ranks"]) == 2
     assert not np.array_equal(ckpt["ranks"][0]["next_obs"], ckpt["ranks"][1]["next_obs"])  # own envs, own seeds

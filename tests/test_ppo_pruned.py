@@ -10,18 +10,14 @@ with --compile-async (classic: pruning around the swap, against the eager run; A
 
 import copy
 import dataclasses
-import json
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
 import torch.nn as nn
 
-from conftest import (ROOT, SMOKE, assert_async_compile_matches_eager, assert_rejected, load_script, read_metrics,
-                      read_summary, run_script, smoke_runs)
+from conftest import (SMOKE, assert_async_compile_matches_eager, assert_rejected, load_script, read_metrics,
+                      read_metrics_so_far, read_summary, run_script, smoke_runs, start_script)
 
 CLASSIC, ATARI = "ppo_pruned_torchcompile.py", "ppo_atari_envpool_pruned_torchcompile.py"
 # prune within the smoke budget of 4 iterations: before iterations 2 and 3, each taking half the 0.5 ratio
@@ -33,6 +29,10 @@ RUNS = [
     (ATARI, SOON + ("--prune-steps", "1")),  # compiled: the classic run shows the re-trace; a CNN compile costs ~40 s
     (ATARI, SOON + ("--prune-steps", "2", "--prune-mode", "mask")),
 ]
+
+
+# the mean return every measured seed of the default schedule reached after its last pruning step (see the test)
+LEARNED = 475
 
 
 def n_params(*shapes):
@@ -252,36 +252,20 @@ def test_mask_mode_zeroes_what_structural_removes_and_masks_survive_updates():
 
 
 def test_learns_cartpole_while_pruning_half(tmp_path):
-    """CartPole-v1 solved (mean of the last 20 episodes >= 475) within 500k steps with half of every hidden layer
-    pruned away (5 steps, the last at iteration 100). Eager, since compiled units would be traced 6 times, and
-    stopped by Ctrl-C once solved after the last step, to keep the test short."""
-    cmd = [sys.executable, str(ROOT / "leanrl" / CLASSIC), "--prune-ratio", "0.5", "--seed", "1",
-           "--log-dir", str(tmp_path)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
-    solved = None
-    try:
-        while proc.poll() is None and solved is None:
-            time.sleep(0.5)
-            if (tmp_path / "metrics.jsonl").exists():
-                rows = [r for r in read_metrics_safe(tmp_path) if r["iteration"] > 100]
-                solved = next((r for r in rows if (r["episodic_return"] or 0) >= 475), None)
-        if solved:
-            proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode in (0, 130), err.decode()[-2000:]
-    rows = read_metrics(tmp_path)
-    best = max((r["episodic_return"] or 0) for r in rows if r["iteration"] > 100)
-    assert best >= 475 and rows[-1]["global_step"] <= 500000, f"best mean return after pruning {best}"
+    """CartPole-v1 with half of every hidden layer pruned away (the default schedule: 5 steps, the last at iteration
+    100), eager, seed 1: after the last step the mean return of the last 20 episodes reaches LEARNED within the
+    default 500k steps. LEARNED is what every one of 5 seeds reached on a 2-core AMD EPYC (doc/pruned.md), with a
+    margin: another CPU's float kernels give another trajectory from the same seed, and pruned runs of this schedule
+    do not all solve CartPole (475) within 500k steps. The run is stopped with Ctrl-C once it gets there."""
+    proc = start_script(CLASSIC, "--prune-ratio", "0.5", "--seed", "1", "--num-threads", "1", log_dir=tmp_path)
+    learned = lambda: any(r["iteration"] > 100 and (r["episodic_return"] or 0) >= LEARNED  # noqa: E731
+                          for r in read_metrics_so_far(tmp_path))
+    proc.wait_until(learned, 900, f"a mean return of {LEARNED} after the last pruning step")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(120, "the exit after Ctrl-C") in (0, 130), proc.stderr[-2000:]
+    assert read_metrics(tmp_path)[-1]["global_step"] <= 500000
     summary = read_summary(tmp_path)
     assert summary["prune_steps_done"] == 5 and summary["prune_params_after"] == PARAMS[CLASSIC][1]
-
-
-def read_metrics_safe(log_dir):
-    """metrics.jsonl while the run writes it: the rows complete so far."""
-    lines = (log_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
-    return [json.loads(ln) for ln in lines if ln.endswith("\n")]
 
 
 BAD_INPUT = [

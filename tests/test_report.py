@@ -2,10 +2,9 @@
 
 import json
 import os
-import subprocess
 import sys
 
-from conftest import ROOT, assert_user_error
+from conftest import ROOT, assert_user_error, run_command
 
 ROW = {"episodic_return": None, "time": 1.0}
 
@@ -21,8 +20,7 @@ def fake_run(path, env_id, steps, fps, final, compile_time=None):
 
 
 def report(runs, out):
-    return subprocess.run([sys.executable, str(ROOT / "leanrl" / "report.py"), str(runs), "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT)
+    return run_command([sys.executable, ROOT / "leanrl" / "report.py", runs, "--out", out], timeout=300)
 
 
 def test_report_on_synthetic_runs(tmp_path):
@@ -57,14 +55,14 @@ def test_report_bad_input(tmp_path):
 def test_run_sh_smoke(tmp_path):
     """SMOKE=1: every script of every family once with the tiny budget, then the table; a re-run repeats nothing."""
     env = dict(os.environ, SMOKE="1", OUT=str(tmp_path / "runs"), PYTHONWARNINGS="ignore")
-    first = subprocess.run(["bash", "run.sh"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=1500)
+    first = run_command(["bash", "run.sh"], tmp_path / "first", timeout=1500, env=env)
     assert first.returncode == 0, first.stderr[-4000:]
     text = (tmp_path / "runs/doc/fps_table.md").read_text()
     for family, env_id in (("classic", "CartPole-v1"), ("atari", "Breakout-v5"), ("mujoco", "HalfCheetah-v4")):
         row = next(ln for ln in text.splitlines() if ln.startswith(f"| {family} ({env_id}, 256) |"))
         assert "x (`" in row  # a measured speed-up: the baseline ran
     assert "skipped: no CUDA device" in text
-    again = subprocess.run(["bash", "run.sh"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    again = run_command(["bash", "run.sh"], tmp_path / "again", timeout=300, env=env)
     assert again.returncode == 0 and "seed" not in again.stderr, again.stderr
-    bad = subprocess.run(["bash", "run.sh", "dqn"], capture_output=True, text=True, cwd=ROOT, env=env)
+    bad = run_command(["bash", "run.sh", "nosuchfamily"], tmp_path / "bad", timeout=60, env=env)
     assert_user_error(bad, "unknown family")
