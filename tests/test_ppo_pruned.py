@@ -31,8 +31,8 @@ RUNS = [
 ]
 
 
-# the mean return every measured seed of the default schedule reached after its last pruning step (see the test)
-LEARNED = 475
+# below the lowest best mean return after the last pruning step of 9 measured runs (406; doc/pruned.md)
+LEARNED = 300
 
 
 def n_params(*shapes):
@@ -254,9 +254,10 @@ def test_mask_mode_zeroes_what_structural_removes_and_masks_survive_updates():
 def test_learns_cartpole_while_pruning_half(tmp_path):
     """CartPole-v1 with half of every hidden layer pruned away (the default schedule: 5 steps, the last at iteration
     100), eager, seed 1: after the last step the mean return of the last 20 episodes reaches LEARNED within the
-    default 500k steps. LEARNED is what every one of 5 seeds reached on a 2-core AMD EPYC (doc/pruned.md), with a
-    margin: another CPU's float kernels give another trajectory from the same seed, and pruned runs of this schedule
-    do not all solve CartPole (475) within 500k steps. The run is stopped with Ctrl-C once it gets there."""
+    default 500k steps, so the half-width network goes on learning after the surgery. Not 475: pruned runs do not all
+    solve CartPole within 500k steps (2 of 5 seeds did not on a 2-core AMD EPYC, doc/pruned.md), and another CPU's
+    float kernels give another trajectory from the same seed. LEARNED is what every measured run reached, with a
+    margin. The run is stopped with Ctrl-C once it gets there."""
     proc = start_script(CLASSIC, "--prune-ratio", "0.5", "--seed", "1", "--num-threads", "1", log_dir=tmp_path)
     learned = lambda: any(r["iteration"] > 100 and (r["episodic_return"] or 0) >= LEARNED  # noqa: E731
                           for r in read_metrics_so_far(tmp_path))
