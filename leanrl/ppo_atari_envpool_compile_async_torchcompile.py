@@ -7,11 +7,17 @@ in tensordict's CudaGraphModule. Observations are stored as uint8. `--bf16` runs
 autocast where the hardware has native bfloat16 (AVX512-BF16/AMX CPUs): the update's cost halves, the losses,
 log-prob ratios and value targets stay fp32; it is opt-in because on Breakout it learned slower (doc/atari.md).
 The policy samples by Gumbel-max from noise the loop draws with its own generator, so the compiled and graphed
-policy holds no random op, and `--compile-async` (README) can compile it in the background.
+policy holds no random op.
 
-    python leanrl/ppo_atari_envpool_torchcompile.py --compile                 # CPU or GPU
-    python leanrl/ppo_atari_envpool_torchcompile.py --compile --bf16          # faster; see doc/atari.md on learning
-    python leanrl/ppo_atari_envpool_torchcompile.py --compile --cudagraphs    # GPU
+This script is ppo_atari_envpool_torchcompile.py plus one trick, `--compile-async`: training starts at once,
+eagerly, while the units compile off the critical path (a subprocess fills Inductor's on-disk cache, then a
+background thread compiles from it and warms the units up; the policy holds no random op, so the compile draws no
+number from the loop's stream); at an iteration boundary the training state is copied into the compiled units and
+they take over, which changes no result. It pays when a run is short against its compile on a cold cache. README's
+measurements ("Compile time") show that a warm Inductor cache is what makes the compile cost nearly nothing: from
+it, plain --compile is the fastest run.
+
+    python leanrl/ppo_atari_envpool_compile_async_torchcompile.py --compile --compile-async
 """
 
 import contextlib
@@ -447,15 +453,18 @@ def machine_info(device: torch.device) -> dict:
 
 
 class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once."""
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
+    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
 
     def __init__(self):
-        self.set = False
+        self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
+        if not self.iterated:
+            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
+            os._exit(130)
         if self.set:
             raise KeyboardInterrupt
         self.set = True
@@ -502,8 +511,7 @@ def main(args: Args):
     ckpt = load_checkpoint(args) if args.resume else None
     envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
-    # global generator after compiling each function, and with --compile-async that happens in another thread,
-    # mid-rollout, which would replay numbers the loop already drew
+    # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed)
     agent = Agent(envs.action_space.n, use_bf16).to(device)
     if args.compile_cache_only:  # see fill_compile_cache
@@ -561,6 +569,10 @@ def main(args: Args):
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
     compiled_from = start_iteration if args.compile and not args.compile_async else None
     swap_iteration = time_to_compiled = compile_time = None
+    if compiled_from:  # the first iteration compiles: say so, or a first run looks stuck
+        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.set_description("compiling")
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
@@ -621,7 +633,9 @@ def main(args: Args):
             bar.update(args.batch_size)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
             if iteration == compiled_from:
+                bar.set_description("")
                 time_to_compiled = now - start
+            stop.iterated = True
             if stop.set:
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save

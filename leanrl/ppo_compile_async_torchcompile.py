@@ -14,8 +14,14 @@ On a CPU a 64-unit MLP costs less than the machinery around it, so the tricks he
 - lr is a tensor changed in place (no recompilation), and once everything has compiled the guards are skipped.
 doc/classic_control.md has the measurements behind each of these.
 
-    python leanrl/ppo_torchcompile.py --compile               # CPU or GPU
-    python leanrl/ppo_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the three units
+This script is ppo_torchcompile.py plus one trick, `--compile-async`: training starts at once, eagerly, while the
+units compile off the critical path (a subprocess fills Inductor's on-disk cache, then a background thread compiles
+from it and warms the units up); at an iteration boundary the training state is copied into the compiled units and
+they take over, which changes no result. It pays when a run is short against its compile on a cold cache. README's
+measurements ("Compile time") show that a warm Inductor cache is what makes the compile cost nearly nothing: from
+it, plain --compile is the fastest run.
+
+    python leanrl/ppo_compile_async_torchcompile.py --compile --compile-async
 """
 
 import contextlib
@@ -207,8 +213,7 @@ def make_envs(args: Args, video_dir: str):
     # copy=False hands back the env's own obs array (rollout copies it before the next step) instead of a deepcopy.
     return gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, args.capture_video, video_dir) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False,
-    )
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
 
 
 def env_parts(env):
@@ -381,8 +386,8 @@ def make_units(agent, agent_inference, args, device, compiled: bool):
     if compiled:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
-        # to ~245 us on a CPU
-        opts = dict(cpp_wrapper=True, max_autotune=True)
+        # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
+        opts = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
         if device.type == "cuda":
             # on a CPU the policy step stays eager: compiled it is faster alone (29 vs 34 us) but slower in the
             # rollout, where it and the env evict each other from the caches (93 vs 83 us per env+policy step)
@@ -501,15 +506,18 @@ def machine_info(device: torch.device) -> dict:
 
 
 class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once."""
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
+    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
 
     def __init__(self):
-        self.set = False
+        self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
+        if not self.iterated:
+            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
+            os._exit(130)
         if self.set:
             raise KeyboardInterrupt
         self.set = True
@@ -552,8 +560,7 @@ def main(args: Args):
 
     envs = make_envs(args, os.path.join(log_dir, "videos"))
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
-    # global generator after compiling each function, and with --compile-async that happens in another thread,
-    # mid-rollout, which would replay numbers the loop already drew
+    # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed)
     n_obs, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
     agent = Agent(n_obs, n_actions).to(device)
@@ -609,6 +616,10 @@ def main(args: Args):
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
     compiled_from = start_iteration if args.compile and not args.compile_async else None
     swap_iteration = time_to_compiled = compile_time = None
+    if compiled_from:  # the first iteration compiles: say so, or a first run looks stuck
+        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.set_description("compiling")
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
@@ -672,7 +683,9 @@ def main(args: Args):
                 # every unit has compiled and nothing its guards check can change any more: stop checking them
                 # (~40 us of a ~330 us update, ~10 us of a policy step)
                 torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+                bar.set_description("")
                 time_to_compiled = now - start
+            stop.iterated = True
             if stop.set:
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
