@@ -10,12 +10,11 @@ The policy samples by Gumbel-max from noise the loop draws with its own generato
 policy holds no random op.
 
 This script is ppo_atari_envpool_torchcompile.py plus one trick, `--compile-async`: training starts at once,
-eagerly, while the units compile off the critical path (a subprocess fills Inductor's on-disk cache, then a
-background thread compiles from it and warms the units up; the policy holds no random op, so the compile draws no
-number from the loop's stream); at an iteration boundary the training state is copied into the compiled units and
-they take over, which changes no result. It pays when a run is short against its compile on a cold cache. README's
-measurements ("Compile time") show that a warm Inductor cache is what makes the compile cost nearly nothing: from
-it, plain --compile is the fastest run.
+eagerly, while the units compile off the critical path (a subprocess fills Inductor's on-disk cache, then a thread
+compiles from it and warms the units up; the policy holds no random op, so that draws nothing from the loop's
+stream); at an iteration boundary the training state is copied into the compiled units, which changes no result.
+It pays when a run is short against a cold-cache compile; README's measurements ("Compile time") show that a warm
+Inductor cache is what makes the compile cost nearly nothing, and plain --compile the fastest run.
 
     python leanrl/ppo_atari_envpool_compile_async_torchcompile.py --compile --compile-async
 """
@@ -32,6 +31,7 @@ import sys
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from functools import partial
 from types import SimpleNamespace
@@ -104,9 +104,8 @@ class Args:
     compile: bool = False
     """if toggled, wrap policy, gae and update in torch.compile"""
     compile_async: bool = False
-    """with --compile: train eagerly from the first step while the units compile (a subprocess fills Inductor's cache,
-    then a background thread compiles from it and warms up), then swap them in at an iteration boundary
-    (summary.json: compile_time, swap_iteration, time_to_compiled)"""
+    """with --compile: train eagerly while the units compile in the background, then swap them in at an iteration
+    boundary (summary.json: compile_time, swap_iteration, time_to_compiled)"""
     compile_cache_only: bool = False
     """with --compile: compile the units and run them once on dummy inputs of this run's shapes, which fills Inductor's
     on-disk cache, then exit without training (what --compile-async runs in a subprocess; also warms a cache by hand)"""
@@ -175,10 +174,8 @@ def check_args(args: Args):
         fail(f"--resume {args.resume}: no such file")
     if args.num_threads <= 0:
         fail(f"--num-threads must be positive, got {args.num_threads}")
-    if args.compile_async and not args.compile:
-        fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
-    if args.compile_cache_only and not args.compile:
-        fail("--compile-cache-only needs --compile")
+    if (args.compile_async or args.compile_cache_only) and not args.compile:
+        fail("--compile-async and --compile-cache-only need --compile (they compile the same units)")
     if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
         fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
     if args.capture_video:
@@ -367,9 +364,8 @@ def add_cudagraphs(u):
 
 
 def warm_up(u, args: Args, device, obs_shape, n_actions: int):
-    """Call every unit on dummy inputs of the loop's shapes (zeros), so that each compiles now. No random numbers are
-    drawn: the policy samples with the noise it is given. Every input is a tensor of its own, as in the loop: Dynamo
-    specializes a graph on two inputs being the same tensor, and would compile again in the loop."""
+    """Call every unit on zeros of the loop's shapes, so that each compiles now (the policy draws no random number).
+    Every input is a tensor of its own, as in the loop: Dynamo specializes a graph on two inputs being the same."""
     T, N = args.num_steps, args.num_envs
     u.act(torch.zeros((N,) + obs_shape, dtype=torch.uint8, device=device), torch.zeros(N, n_actions, device=device))
     u.advantage(*[torch.zeros(N, device=device) for _ in range(2)],
@@ -383,43 +379,32 @@ def warm_up(u, args: Args, device, obs_shape, n_actions: int):
 
 
 def fill_compile_cache(log_dir: str):
-    """--compile-async, first stage: this same command with --compile-cache-only, in a subprocess with one compile
-    thread. The costly part (tracing, Inductor's code generation and C++ builds, autotuning) then runs in another
-    interpreter, off the training loop's GIL and core, and the compile in this process comes from Inductor's on-disk
-    cache. A run that ends first leaves it to finish, so the next run starts warm."""
+    """This same command with --compile-cache-only, in a subprocess with one compile thread: the costly part (tracing,
+    code generation, C++ builds, autotuning) runs off the training loop's GIL and core, and this process then compiles
+    from Inductor's on-disk cache. A run that ends first leaves it to finish, so the next run starts warm."""
     with open(os.path.join(log_dir, "compile_async.log"), "w") as log:
-        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
-                                  "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
-                                 stdout=log, stderr=log)
-        if child.wait():
-            raise RuntimeError(f"the compile subprocess exited {child.returncode}; see {log.name}")
+        if subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
+                           "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
+                          stdout=log, stderr=log).returncode:
+            raise RuntimeError(f"the compile subprocess failed; see {log.name}")
 
 
-class BackgroundCompile:
-    """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
-    trains eagerly. A failure in the thread is raised in the loop by result()."""
+def compile_in_background(agent: Agent, args: Args, device, log_dir: str, obs_shape, n_actions: int) -> Future:
+    """In a daemon thread (neither Ctrl-C nor the run's end waits for it): fill the cache, compile and warm up units
+    on a copy of `agent` (deepcopy draws no random number). The future holds (units, seconds) or the thread's error."""
+    twin, future = copy.deepcopy(agent), Future()
 
-    def __init__(self, build):
-        self.units = self.error = self.seconds = None
-        self.thread = threading.Thread(target=self.run, args=(build,), daemon=True)  # Ctrl-C does not wait for it
-        self.thread.start()
-
-    def run(self, build):
+    def run():
         t0 = time.perf_counter()
         try:
-            self.units = build()
+            fill_compile_cache(log_dir)
+            units = make_units(twin, copy.deepcopy(twin), args, device, True)
+            future.set_result((warm_up(units, args, device, obs_shape, n_actions), time.perf_counter() - t0))
         except Exception as e:
-            self.error = e
-        self.seconds = time.perf_counter() - t0
+            future.set_exception(e)
 
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise RuntimeError("the background compile failed") from self.error
-        return self.units
+    threading.Thread(target=run, daemon=True).start()
+    return future
 
 
 def load_units(dst, src):
@@ -521,16 +506,8 @@ def main(args: Args):
     u = make_units(agent, inference_copy(agent), args, device, args.compile and not args.compile_async)
     if args.cudagraphs and not args.compile_async:
         add_cudagraphs(u)
-    pending = None
-    if args.compile_async:  # a second set of units on copies of the agent (deepcopy draws no random numbers)
-        twin = copy.deepcopy(agent)
-
-        def build():
-            fill_compile_cache(log_dir)
-            return warm_up(make_units(twin, copy.deepcopy(twin), args, device, True), args, device,
-                           envs.observation_space.shape, envs.action_space.n)
-
-        pending = BackgroundCompile(build)
+    pending = compile_in_background(agent, args, device, log_dir, envs.observation_space.shape,
+                                    envs.action_space.n) if args.compile_async else None
 
     shape = (args.num_steps, args.num_envs)
     buf = TensorDict(obs=torch.zeros(shape + envs.observation_space.shape, dtype=torch.uint8),
@@ -578,7 +555,7 @@ def main(args: Args):
             t_iter = time.perf_counter()
             swap_at = args.compile_swap_iteration
             if pending and (iteration >= swap_at if swap_at else pending.done()):
-                compiled, compile_time = pending.result(), pending.seconds
+                compiled, compile_time = pending.result()
                 load_units(compiled, u)
                 if args.cudagraphs:
                     add_cudagraphs(compiled)
@@ -664,8 +641,7 @@ def main(args: Args):
     print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
           f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
     if pending is not None:
-        # the run ended before the background compile did: a compiling thread cannot be stopped, and shutting the
-        # interpreter down under it aborts, so leave without waiting (logs, summary and checkpoint are written)
+        # the compile outlived the run: its thread cannot be stopped and shutting down under it aborts, so leave now
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130 if stop.set else 0)

@@ -63,8 +63,8 @@ def test_compile_async_run_ending_before_the_compile_exits_cleanly(log_dir):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-@pytest.mark.parametrize("flags,words", [(["--compile-async"], ["needs --compile"]),
-                                         (["--compile-cache-only"], ["needs --compile"]),
+@pytest.mark.parametrize("flags,words", [(["--compile-async"], ["need --compile"]),
+                                         (["--compile-cache-only"], ["need --compile"]),
                                          (["--compile", "--compile-swap-iteration", "2"], ["needs --compile-async"]),
                                          (["--compile", "--compile-async", "--compile-swap-iteration", "0"],
                                           ["iteration >= 1"])])
