@@ -19,16 +19,13 @@ doc/classic_control.md has the measurements behind each of these.
 """
 
 import contextlib
-import copy
 import functools
 import io
 import json
 import os
 import platform
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -102,16 +99,6 @@ class Args:
 
     compile: bool = False
     """if toggled, wrap the policy, gae and update units in torch.compile"""
-    compile_async: bool = False
-    """with --compile: train eagerly from the first step while the units compile (a subprocess fills Inductor's cache,
-    then a background thread compiles from it and warms up), then swap them in at an iteration boundary
-    (summary.json: compile_time, swap_iteration, time_to_compiled)"""
-    compile_cache_only: bool = False
-    """with --compile: compile the units and run them once on dummy inputs of this run's shapes, which fills Inductor's
-    on-disk cache, then exit without training (what --compile-async runs in a subprocess; also warms a cache by hand)"""
-    compile_swap_iteration: Optional[int] = None
-    """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
-    reproducible eager/compiled split); default: the first iteration boundary after it is done"""
     cudagraphs: bool = False
     """if toggled, wrap the policy, gae and update units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     measure_burnin: int = 3
@@ -177,12 +164,6 @@ def check_args(args: Args):
         fail(f"--resume {args.resume}: no such file")
     if args.num_threads <= 0:
         fail(f"--num-threads must be positive, got {args.num_threads}")
-    if args.compile_async and not args.compile:
-        fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
-    if args.compile_cache_only and not args.compile:
-        fail("--compile-cache-only needs --compile")
-    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
-        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
     check_env_id(args.env_id)
     if args.capture_video:
         try:
@@ -207,8 +188,7 @@ def make_envs(args: Args, video_dir: str):
     # copy=False hands back the env's own obs array (rollout copies it before the next step) instead of a deepcopy.
     return gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, args.capture_video, video_dir) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False,
-    )
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
 
 
 def env_parts(env):
@@ -381,8 +361,8 @@ def make_units(agent, agent_inference, args, device, compiled: bool):
     if compiled:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
-        # to ~245 us on a CPU
-        opts = dict(cpp_wrapper=True, max_autotune=True)
+        # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
+        opts = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
         if device.type == "cuda":
             # on a CPU the policy step stays eager: compiled it is faster alone (29 vs 34 us) but slower in the
             # rollout, where it and the env evict each other from the caches (93 vs 83 us per env+policy step)
@@ -397,75 +377,6 @@ def make_units(agent, agent_inference, args, device, compiled: bool):
 def add_cudagraphs(u):
     for name in ("policy", "evaluate", "get_value", "gae", "update"):
         setattr(u, name, CudaGraphModule(getattr(u, name)))
-
-
-def warm_up(u, args, device, n_obs: int, n_actions: int):
-    """Call every unit on dummy inputs of the loop's shapes and layouts, so that each compiles now. Zeros only: no
-    random numbers are drawn, so the training run's random stream is the same as without --compile-async. Every input
-    is a tensor of its own, as in the loop: Dynamo specializes a graph on two inputs being the same tensor, and would
-    compile again in the loop."""
-    T, N = args.num_steps, args.num_envs
-    obs, actions = torch.zeros(T, N, n_obs, device=device), torch.zeros(T, N, dtype=torch.long, device=device)
-    u.policy(obs[0], torch.zeros(N, n_actions, device=device))
-    logprobs, _, values = u.evaluate(obs, actions)
-    rewards, dones = torch.zeros(T, N, device=device), torch.zeros(T, N, device=device)
-    advantages, returns = u.gae(u.get_value(obs[0]), torch.zeros(N, device=device), rewards, dones, values, args.gamma,
-                                args.gae_lambda)
-    batch = [x.flatten(0, 1) for x in (obs, actions, logprobs, advantages, returns, values)]
-    for inds in torch.arange(args.batch_size, device=device).view(args.num_minibatches, -1):
-        u.update(*batch, inds)
-    return u
-
-
-def fill_compile_cache(log_dir: str):
-    """--compile-async, first stage: this same command with --compile-cache-only, in a subprocess with one compile
-    thread. The costly part (tracing, Inductor's code generation and C++ builds, autotuning) then runs in another
-    interpreter, off the training loop's GIL and core, and the compile in this process comes from Inductor's on-disk
-    cache. A run that ends first leaves it to finish, so the next run starts warm."""
-    with open(os.path.join(log_dir, "compile_async.log"), "w") as log:
-        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
-                                  "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
-                                 stdout=log, stderr=log)
-        if child.wait():
-            raise RuntimeError(f"the compile subprocess exited {child.returncode}; see {log.name}")
-
-
-class BackgroundCompile:
-    """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
-    trains eagerly. A failure in the thread is raised in the loop by result()."""
-
-    def __init__(self, build):
-        self.units = self.error = self.seconds = None
-        self.thread = threading.Thread(target=self.run, args=(build,), daemon=True)  # Ctrl-C does not wait for it
-        self.thread.start()
-
-    def run(self, build):
-        t0 = time.perf_counter()
-        try:
-            self.units = build()
-        except Exception as e:
-            self.error = e
-        self.seconds = time.perf_counter() - t0
-
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise RuntimeError("the background compile failed") from self.error
-        return self.units
-
-
-def load_units(dst, src):
-    """Copy the training state of units `src` into units `dst` in place (the compiled code keeps the tensors it was
-    traced with): parameters, Adam's moments and step counts, lr. Exact copies, so the swap changes no result."""
-    with torch.no_grad():
-        for p, q in zip(src.agent.parameters(), dst.agent.parameters()):
-            q.copy_(p)
-            for key, value in src.optimizer.state[p].items():
-                dst.optimizer.state[q][key].copy_(value)
-        dst.lr.copy_(src.lr)
 
 
 class Episodes:
@@ -501,15 +412,18 @@ def machine_info(device: torch.device) -> dict:
 
 
 class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once."""
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
+    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
 
     def __init__(self):
-        self.set = False
+        self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
+        if not self.iterated:
+            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
+            os._exit(130)
         if self.set:
             raise KeyboardInterrupt
         self.set = True
@@ -552,27 +466,13 @@ def main(args: Args):
 
     envs = make_envs(args, os.path.join(log_dir, "videos"))
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
-    # global generator after compiling each function, and with --compile-async that happens in another thread,
-    # mid-rollout, which would replay numbers the loop already drew
+    # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed)
     n_obs, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
     agent = Agent(n_obs, n_actions).to(device)
-    if args.compile_cache_only:  # see fill_compile_cache
-        warm_up(make_units(agent, Agent(n_obs, n_actions).to(device), args, device, True), args, device, n_obs,
-                n_actions)
-        return envs.close()
-    u = make_units(agent, Agent(n_obs, n_actions).to(device), args, device, args.compile and not args.compile_async)
-    if args.cudagraphs and not args.compile_async:
+    u = make_units(agent, Agent(n_obs, n_actions).to(device), args, device, args.compile)
+    if args.cudagraphs:
         add_cudagraphs(u)
-    pending = None
-    if args.compile_async:  # a second set of units on copies of the agent, compiled off the critical path
-        twin = copy.deepcopy(agent)
-
-        def build():
-            fill_compile_cache(log_dir)
-            return warm_up(make_units(twin, copy.deepcopy(twin), args, device, True), args, device, n_obs, n_actions)
-
-        pending = BackgroundCompile(build)
     shape = (args.num_steps, args.num_envs)
     buf = dict(obs=torch.zeros(shape + (n_obs,), device=device), actions=torch.zeros(shape, dtype=torch.long, device=device),
                **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")})
@@ -607,20 +507,13 @@ def main(args: Args):
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
-    compiled_from = start_iteration if args.compile and not args.compile_async else None
-    swap_iteration = time_to_compiled = compile_time = None
+    if args.compile:  # the first iteration compiles: say so, or a first run looks stuck
+        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.set_description("compiling")
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
-            swap_at = args.compile_swap_iteration
-            if pending and (iteration >= swap_at if swap_at else pending.done()):
-                compiled, compile_time = pending.result(), pending.seconds
-                load_units(compiled, u)
-                if args.cudagraphs:
-                    add_cudagraphs(compiled)
-                u, pending, compiled_from, swap_iteration = compiled, None, iteration, iteration
-                bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)",
-                          file=sys.stderr)
             if args.anneal_lr:
                 u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
 
@@ -660,7 +553,7 @@ def main(args: Args):
                 fps = (global_step - measure_from[1]) / (now - measure_from[0])
             row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
                        episodic_return=episodes.mean(), t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
-                       t_gae=t_gae, t_update=t_update, lr=u.lr.item(), compiled=compiled_from is not None,
+                       t_gae=t_gae, t_update=t_update, lr=u.lr.item(),
                        **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"),
                                   stats[:n].mean(0).tolist())))  # the one host sync of the iteration
             metrics.write(json.dumps(row) + "\n")
@@ -668,11 +561,12 @@ def main(args: Args):
                 run.log(row, step=global_step)
             bar.update(args.batch_size)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if iteration == compiled_from:
+            if args.compile and iteration == start_iteration:
                 # every unit has compiled and nothing its guards check can change any more: stop checking them
                 # (~40 us of a ~330 us update, ~10 us of a policy step)
                 torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-                time_to_compiled = now - start
+                bar.set_description("")
+            stop.iterated = True
             if stop.set:
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -689,9 +583,7 @@ def main(args: Args):
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
                    wall_time=time.perf_counter() - start, fps=fps if measure_from else None, final_return=episodes.mean(),
-                   compile_time=compile_time if args.compile_async else
-                   iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   swap_iteration=swap_iteration, time_to_compiled=time_to_compiled,
+                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
                    interrupted=stop.set)
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -700,12 +592,6 @@ def main(args: Args):
         run.finish()
     print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
           f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
-    if pending is not None:
-        # the run ended before the background compile did: a compiling thread cannot be stopped, and shutting the
-        # interpreter down under it aborts, so leave without waiting (logs, summary and checkpoint are written)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130 if stop.set else 0)
     if stop.set:
         sys.exit(130)
 

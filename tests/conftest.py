@@ -192,30 +192,6 @@ def smoke_runs(runs, tmp_path_factory) -> dict:
     return out
 
 
-def assert_async_compile_matches_eager(script: str, tmp_path: Path, tol: float, compared: int = 4, extra=()):
-    """`--compile --compile-async`, swapped in at iteration 2 of the 4 smoke iterations, against the eager run of the
-    same seed (both with the `extra` flags): the first `compared` iterations' losses agree within `tol` (relative and
-    absolute). Only floating-point noise may differ (compiled kernels sum in another order; even eager matmuls differ
-    in the last bits with the memory layout of their inputs); a random number drawn by the background compile, or
-    training state it touched, would change the actions taken and the losses by orders of magnitude more. Returns the
-    async run's process and summary, for the caller's own checks."""
-    flags = (*SMOKE, "--num-threads", "1", *extra)
-    run_script(script, *flags, log_dir=tmp_path / "eager")
-    proc = run_script(script, *flags, "--compile", "--compile-async", "--compile-swap-iteration", "2",
-                      log_dir=tmp_path / "async")
-    eager, swapped = read_metrics(tmp_path / "eager"), read_metrics(tmp_path / "async")
-    summary = read_summary(tmp_path / "async")
-    assert [r["compiled"] for r in swapped] == [False, True, True, True]
-    assert summary["swap_iteration"] == 2 and summary["compile_time"] > 0
-    assert summary["time_to_compiled"] > swapped[0]["time"]
-    assert "swapped in at iteration 2" in proc.stderr
-    assert (tmp_path / "async" / "compile_async.log").exists()  # the compile subprocess ran, and said what it did
-    keys = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
-    for e, a in zip(eager[:compared], swapped[:compared], strict=True):
-        assert {k: a[k] for k in keys} == pytest.approx({k: e[k] for k in keys}, rel=tol, abs=tol), a["iteration"]
-    return proc, summary
-
-
 @pytest.fixture
 def log_dir(tmp_path):
     return tmp_path / "run"

@@ -2,12 +2,13 @@
 
 import functools
 import signal
+import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import (SMOKE, assert_async_compile_matches_eager, assert_rejected, assert_user_error, load_script,
-                      read_metrics, read_metrics_so_far, read_summary, run_script, start_script)
+from conftest import (SMOKE, assert_rejected, assert_user_error, load_script, read_metrics, read_metrics_so_far,
+                      read_summary, run_command, run_script, start_script)
 
 SCRIPTS = ["ppo.py", "ppo_torchcompile.py"]
 ROW_FIELDS = {"iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
@@ -36,6 +37,8 @@ def test_smoke(script, flag, log_dir):
     assert (summary["compile_time"] is not None) == (flag == "--compile")
     if flag == "--cudagraphs":  # no CUDA here: one line says so, and the run goes on
         assert "--cudagraphs ignored" in proc.stderr
+    if script == "ppo_torchcompile.py":  # a compiled run says, once, that its first iteration compiles
+        assert proc.stderr.count("compiling the units on their first call") == (flag == "--compile")
 
 
 def test_track_logs_to_wandb(monkeypatch, log_dir):
@@ -183,31 +186,24 @@ BAD_INPUT = [
 ]
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", [*SCRIPTS, "ppo_compile_async_torchcompile.py"])  # its checks are the base's
 @pytest.mark.parametrize("flags,words", BAD_INPUT, ids=[" ".join(f) for f, _ in BAD_INPUT])
 def test_bad_input(script, flags, words, log_dir):
     assert_rejected(script, flags, words, log_dir)
 
 
-@pytest.mark.parametrize("flags,words", [(["--compile-async"], ["needs --compile"]),
-                                         (["--compile-cache-only"], ["needs --compile"]),
-                                         (["--compile", "--compile-swap-iteration", "2"], ["needs --compile-async"])])
-def test_compile_async_flags_need_their_partner(flags, words, log_dir):
-    assert_rejected("ppo_torchcompile.py", flags, words, log_dir)
-
-
-def test_compile_async_run_ending_before_the_compile_exits_cleanly(log_dir):
-    """A run shorter than the background compile: it trains eagerly to the end, writes everything and exits 0
-    without waiting for the compile."""
-    proc = run_script("ppo_torchcompile.py", *SMOKE, "--compile", "--compile-async", "--save-model", log_dir=log_dir)
-    summary = read_summary(log_dir)
-    assert proc.returncode == 0 and summary["global_step"] == 256 and (log_dir / "agent.pt").exists()
-    if summary["swap_iteration"] is None:  # the usual case: a 4-iteration run beats even a warm-cache compile
-        assert not any(r["compiled"] for r in read_metrics(log_dir)) and summary["compile_time"] is None
-
-
-def test_compile_async_swap_matches_eager(tmp_path):
-    assert_async_compile_matches_eager("ppo_torchcompile.py", tmp_path, tol=1e-4)
+def test_ctrl_c_before_the_first_iteration_stops_at_once(tmp_path):
+    """Before any iteration has finished there is nothing to save and a compile can hold the process for minutes:
+    Ctrl-C ends it at once (130, one line). After one, the first Ctrl-C only asks the loop to stop."""
+    code = ("import os, signal, sys, time; sys.path.insert(0, 'leanrl'); import ppo_torchcompile as m\n"
+            "stop = m.StopFlag(); stop.iterated = True; os.kill(os.getpid(), signal.SIGINT); time.sleep(0.5)\n"
+            "print('asked', stop.set, flush=True); stop = m.StopFlag(); os.kill(os.getpid(), signal.SIGINT)\n"
+            "time.sleep(60); print('not stopped')")
+    proc = run_command([sys.executable, "-c", code], tmp_path / "stop", timeout=120)
+    assert proc.returncode == 130 and proc.stdout == "asked True\n", (proc.stdout, proc.stderr)
+    assert [ln for ln in proc.stderr.splitlines() if ln.strip()] == [
+        "stopping after this iteration (Ctrl-C again: stop now, no checkpoint)",
+        "stopped before the first iteration finished: nothing to save"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -1,0 +1,653 @@
+"""PPO on Atari through envpool (Breakout-v5), restructured to run as fast as the hardware allows.
+
+The algorithm, network and defaults of `ppo_atari_envpool.py`, with the work split into plain functions that the
+compilers can take whole: `policy` (one forward for all envs), `gae`, and `update` (one minibatch: forward,
+backward, gradient clipping and the Adam step). `--compile` wraps them in torch.compile, `--cudagraphs` (CUDA only)
+in tensordict's CudaGraphModule. Observations are stored as uint8. `--bf16` runs the CNN trunk under bf16
+autocast where the hardware has native bfloat16 (AVX512-BF16/AMX CPUs): the update's cost halves, the losses,
+log-prob ratios and value targets stay fp32; it is opt-in because on Breakout it learned slower (doc/atari.md).
+The policy samples by Gumbel-max from noise the loop draws with its own generator, so the compiled and graphed
+policy holds no random op.
+
+This script is ppo_atari_envpool_torchcompile.py plus one trick, `--compile-async`: training starts at once,
+eagerly, while the units compile off the critical path (a subprocess fills Inductor's on-disk cache, then a thread
+compiles from it and warms the units up; the policy holds no random op, so that draws nothing from the loop's
+stream); at an iteration boundary the training state is copied into the compiled units, which changes no result.
+It pays when a run is short against a cold-cache compile; README's measurements ("Compile time") show that a warm
+Inductor cache is what makes the compile cost nearly nothing, and plain --compile the fastest run.
+
+    python leanrl/ppo_atari_envpool_compile_async_torchcompile.py --compile --compile-async
+"""
+
+import contextlib
+import copy
+import io
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
+from functools import partial
+from types import SimpleNamespace
+from typing import Optional
+
+import envpool
+import numpy as np
+import torch
+import torch.nn as nn
+import tqdm
+import tyro
+from tensordict import TensorDict, from_module
+from tensordict.nn import CudaGraphModule
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """not supported with envpool (it renders no frames); the flag is accepted so every script takes it"""
+
+    env_id: str = "Breakout-v5"
+    """the id of the environment (an envpool Atari game)"""
+    total_timesteps: int = 10000000
+    """total timesteps of the experiments"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: Optional[float] = None
+    """the target KL divergence threshold"""
+
+    compile: bool = False
+    """if toggled, wrap policy, gae and update in torch.compile"""
+    compile_async: bool = False
+    """with --compile: train eagerly while the units compile in the background, then swap them in at an iteration
+    boundary (summary.json: compile_time, swap_iteration, time_to_compiled)"""
+    compile_cache_only: bool = False
+    """with --compile: compile the units and run them once on dummy inputs of this run's shapes, which fills Inductor's
+    on-disk cache, then exit without training (what --compile-async runs in a subprocess; also warms a cache by hand)"""
+    compile_swap_iteration: Optional[int] = None
+    """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
+    reproducible eager/compiled split); default: the first iteration boundary after it is done"""
+    cudagraphs: bool = False
+    """if toggled, wrap policy, gae and update in tensordict's CudaGraphModule (CUDA only; ignored on CPU)"""
+    bf16: bool = False
+    """run the CNN trunk under bfloat16 autocast where the hardware has native bf16 (AVX512-BF16/AMX CPUs, CUDA):
+    ~1.5x faster on a 2-core CPU, but on Breakout it learned slower at 200k steps (doc/atari.md), so it is opt-in"""
+    measure_burnin: int = 3
+    """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
+    log_dir: Optional[str] = None
+    """where metrics.jsonl, summary.json and agent.pt go (default: runs/<env_id>__<script>__<seed>__<time>)"""
+    save_model: bool = False
+    """if toggled, save the agent and optimizer to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
+    resume: Optional[str] = None
+    """path of an agent.pt written by --save-model: continue that run (the games restart, see load_checkpoint)"""
+    num_threads: int = 2
+    """torch intra-op threads (2 measures fastest on a 2-core CPU: the update's convolutions dominate)"""
+
+
+def fail(message: str):
+    """A user mistake: one line on stderr, exit code 2, no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_args() -> Args:
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return tyro.cli(Args)
+    except SystemExit as e:
+        if e.code:  # tyro draws a multi-line box: fold it into the one line a user mistake gets
+            lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
+            fail(" ".join(ln for ln in lines[1:] if ln and not ln.startswith("For full helptext")))
+        raise
+
+
+def check_env_id(env_id: str):
+    family = envpool.registration.registry.specs.get(env_id, ("",))[0]
+    if "atari" in family:
+        return
+    if "classic_control" in family:
+        fail(f"{env_id} is a classic-control task; use leanrl/ppo_torchcompile.py")
+    if "mujoco" in family:
+        fail(f"{env_id} is a MuJoCo task; this script takes Atari games (continuous control is not in leanrl yet)")
+    fail(f"unknown env id {env_id!r}; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
+
+
+def check_args(args: Args):
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.learning_rate <= 0:
+        fail(f"--learning-rate must be positive, got {args.learning_rate}")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
+             f"(num_envs x num_steps); pick a divisor of {batch_size}")
+    if args.total_timesteps < batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
+    if args.resume and not os.path.isfile(args.resume):
+        fail(f"--resume {args.resume}: no such file")
+    if args.num_threads <= 0:
+        fail(f"--num-threads must be positive, got {args.num_threads}")
+    if (args.compile_async or args.compile_cache_only) and not args.compile:
+        fail("--compile-async and --compile-cache-only need --compile (they compile the same units)")
+    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
+        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
+    if args.capture_video:
+        fail("--capture-video is not supported: envpool renders no frames")
+    if args.target_kl is not None and args.cudagraphs:
+        fail("--target-kl reads the KL on the host after every epoch, which CUDA graphs exist to avoid; drop one")
+    check_env_id(args.env_id)
+
+
+def make_envs(args: Args, seed: int):
+    # CleanRL's settings: 84x84 grey frames, 4 stacked, frameskip 4; a lost life ends the (training) episode and
+    # rewards are clipped to their sign. The real game score comes back unclipped in info["reward"].
+    return envpool.make(args.env_id, env_type="gym", num_envs=args.num_envs, episodic_life=True, reward_clip=True,
+                        seed=seed)
+
+
+class EpisodeStats:
+    """The full game's unclipped score: info["reward"] summed until info["terminated"] (all lives lost) or the time
+    limit. The 5-tuple's `terminated` is per life under episodic_life and its reward is clipped, so neither is used."""
+
+    def __init__(self, num_envs: int, window: int = 20):
+        self.score = np.zeros(num_envs)
+        self.returns, self.lengths = deque(maxlen=window), deque(maxlen=window)
+
+    def step(self, info: dict, truncated: np.ndarray):
+        ids = info["env_id"]
+        self.score[ids] += info["reward"]
+        over = np.logical_or(info["terminated"], truncated)
+        self.returns.extend(self.score[ids[over]].tolist())
+        self.lengths.extend(info["elapsed_step"][over].tolist())
+        self.score[ids[over]] = 0.0
+
+    def mean_return(self):
+        return float(np.mean(self.returns)) if self.returns else None
+
+    def mean_length(self):
+        return float(np.mean(self.lengths)) if self.lengths else None
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """The Nature CNN trunk shared by a linear actor and a linear critic. Observations arrive as uint8 (a quarter of
+    the float32 bytes to store and gather) and become floats only here."""
+
+    def __init__(self, n_actions: int, bf16: bool = False):
+        super().__init__()
+        self.bf16 = bf16
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
+        self.actor = layer_init(nn.Linear(512, n_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1)
+
+    def trunk(self, x):
+        # bf16 autocast covers the convolutions and the 3136x512 layer, where the time goes (AMX/AVX512-BF16 run
+        # them ~2x faster than fp32); the heads and everything downstream see fp32. Each weight is cast once per
+        # call, so autocast's cast cache buys nothing, and CUDA graph capture requires it off.
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=False):
+            hidden = self.network(x.float() / 255.0)
+        return hidden.float()
+
+    def get_value(self, x):
+        return self.critic(self.trunk(x)).squeeze(-1)
+
+    def get_action_and_value(self, x, action=None, gumbel=None):
+        """With no `action`, one is sampled as argmax(log p + `gumbel`), Gumbel noise drawn by the caller: exact
+        Categorical sampling (the Gumbel-max trick) with no random number drawn in here."""
+        hidden = self.trunk(x)
+        logp = torch.log_softmax(self.actor(hidden), dim=-1)
+        if action is None:
+            action = (logp + gumbel).argmax(-1)
+        logprob = logp.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        return action, logprob, entropy, self.critic(hidden).squeeze(-1)
+
+
+def inference_copy(agent: Agent) -> Agent:
+    """The rollout's copy of the agent: the same storage, detached, so acting builds no autograd graph and needs no
+    no_grad. preserve_module_state=False: since tensordict 0.14 the default keeps the target's own Parameters
+    (requires_grad=True) and only swaps their data."""
+    copy = Agent(agent.actor.out_features, agent.bf16).to(next(agent.parameters()).device)
+    from_module(agent).data.to_module(copy, preserve_module_state=False)
+    return copy
+
+
+def policy(agent: Agent, obs, gumbel):
+    action, logprob, _, value = agent.get_action_and_value(obs, gumbel=gumbel)
+    return action, logprob, value
+
+
+def rollout(envs, policy, next_obs, next_done, buf: TensorDict, stats: EpisodeStats, gumbel):
+    """num_steps of every env into the preallocated buffer, acting with the rollout's Gumbel noise `gumbel`
+    [steps, envs, actions]; returns the last observation and the time split."""
+    t_env = t_policy = 0.0
+    device = next_obs.device
+    for step in range(buf.shape[0]):
+        t0 = time.perf_counter()
+        buf["obs"][step] = next_obs
+        buf["dones"][step] = next_done
+        action, logprob, value = policy(next_obs, gumbel[step])
+        buf["actions"][step], buf["logprobs"][step], buf["values"][step] = action, logprob, value
+        t1 = time.perf_counter()
+        obs_np, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
+        t2 = time.perf_counter()
+        stats.step(info, truncated)
+        # from_numpy shares the host arrays: on CPU nothing is copied until the buffer write above
+        next_obs = torch.from_numpy(obs_np).to(device, non_blocking=True)
+        next_done = torch.from_numpy(np.logical_or(terminated, truncated)).to(device, torch.float32, non_blocking=True)
+        buf["rewards"][step] = torch.from_numpy(reward).to(device, non_blocking=True)
+        t_env, t_policy = t_env + t2 - t1, t_policy + t1 - t0
+    return next_obs, next_done, t_env, t_policy
+
+
+def gae(next_value, next_done, rewards, values, dones, gamma: float, gae_lambda: float):
+    advantages = torch.empty_like(rewards)
+    lastgaelam = torch.zeros_like(next_value)
+    nextnonterminal, nextvalues = 1.0 - next_done, next_value
+    for t in range(rewards.shape[0] - 1, -1, -1):
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+        advantages[t] = lastgaelam
+        nextnonterminal, nextvalues = 1.0 - dones[t], values[t]
+    return advantages, advantages + values
+
+
+def update(agent: Agent, optimizer, args: Args, obs, actions, logprobs, advantages, returns, values):
+    """One minibatch: the clipped PPO loss, backward, gradient clipping and the Adam step. Returns the statistics
+    as tensors: reading them here would make the host wait for every minibatch."""
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+    logratio = newlogprob - logprobs
+    ratio = logratio.exp()
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    if args.clip_vloss:
+        v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return torch.stack([approx_kl, clipfrac, pg_loss.detach(), v_loss.detach(), entropy_loss.detach()])
+
+
+def make_units(agent: Agent, agent_inference: Agent, args: Args, device, compiled: bool):
+    """The training state around `agent` (optimizer) and the units the loop calls, compiled if `compiled`.
+    `agent_inference` is the rollout's copy of `agent`; it is made to share `agent`'s storage here."""
+    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    # lr is a tensor updated in place, so annealing never re-traces the compiled update; CUDA graphs replay the
+    # Adam step with its counters on the device (capturable), which torch.compile arranges by itself
+    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(args.learning_rate, device=device), eps=1e-5,
+                                 capturable=args.cudagraphs and not args.compile)
+    u = SimpleNamespace(agent=agent, agent_inference=agent_inference, optimizer=optimizer,
+                        act=partial(policy, agent_inference),
+                        advantage=partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda),
+                        learn=partial(update, agent, optimizer, args))
+    if compiled:
+        u.act, u.advantage, u.learn = torch.compile(u.act), torch.compile(u.advantage), torch.compile(u.learn)
+    return u
+
+
+def add_cudagraphs(u):
+    u.act, u.advantage, u.learn = CudaGraphModule(u.act), CudaGraphModule(u.advantage), CudaGraphModule(u.learn)
+
+
+def warm_up(u, args: Args, device, obs_shape, n_actions: int):
+    """Call every unit on zeros of the loop's shapes, so that each compiles now (the policy draws no random number).
+    Every input is a tensor of its own, as in the loop: Dynamo specializes a graph on two inputs being the same."""
+    T, N = args.num_steps, args.num_envs
+    u.act(torch.zeros((N,) + obs_shape, dtype=torch.uint8, device=device), torch.zeros(N, n_actions, device=device))
+    u.advantage(*[torch.zeros(N, device=device) for _ in range(2)],
+                *[torch.zeros(T, N, device=device) for _ in range(3)])
+    mb = args.minibatch_size
+    obs = torch.zeros((mb,) + obs_shape, dtype=torch.uint8, device=device)
+    actions = torch.zeros(mb, dtype=torch.long, device=device)
+    for _ in range(2):  # the first Adam step creates the optimizer's state, the second runs the steady graph
+        u.learn(obs, actions, *[torch.zeros(mb, device=device) for _ in range(4)])
+    return u
+
+
+def fill_compile_cache(log_dir: str):
+    """This same command with --compile-cache-only, in a subprocess with one compile thread: the costly part (tracing,
+    code generation, C++ builds, autotuning) runs off the training loop's GIL and core, and this process then compiles
+    from Inductor's on-disk cache. A run that ends first leaves it to finish, so the next run starts warm."""
+    with open(os.path.join(log_dir, "compile_async.log"), "w") as log:
+        if subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
+                           "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
+                          stdout=log, stderr=log).returncode:
+            raise RuntimeError(f"the compile subprocess failed; see {log.name}")
+
+
+def compile_in_background(agent: Agent, args: Args, device, log_dir: str, obs_shape, n_actions: int) -> Future:
+    """In a daemon thread (neither Ctrl-C nor the run's end waits for it): fill the cache, compile and warm up units
+    on a copy of `agent` (deepcopy draws no random number). The future holds (units, seconds) or the thread's error."""
+    twin, future = copy.deepcopy(agent), Future()
+
+    def run():
+        t0 = time.perf_counter()
+        try:
+            fill_compile_cache(log_dir)
+            units = make_units(twin, copy.deepcopy(twin), args, device, True)
+            future.set_result((warm_up(units, args, device, obs_shape, n_actions), time.perf_counter() - t0))
+        except Exception as e:
+            future.set_exception(e)
+
+    threading.Thread(target=run, daemon=True).start()
+    return future
+
+
+def load_units(dst, src):
+    """Copy the training state of units `src` into units `dst` in place (the compiled code keeps the tensors it was
+    traced with): parameters, Adam's moments, step counts and lr; no Adam state yet (no update so far) is zeros, as
+    Adam would create it. Exact copies: the swap changes no result."""
+    with torch.no_grad():
+        for p, q in zip(src.agent.parameters(), dst.agent.parameters()):
+            q.copy_(p)
+            for key, value in dst.optimizer.state[q].items():
+                value.copy_(src.optimizer.state[p][key]) if src.optimizer.state[p] else value.zero_()
+        dst.optimizer.param_groups[0]["lr"].copy_(src.optimizer.param_groups[0]["lr"])
+
+
+STAT_NAMES = ("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
+
+
+def bf16_supported(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def machine_info(device: torch.device) -> dict:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
+
+
+class StopFlag:
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
+    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
+
+    def __init__(self):
+        self.set = self.iterated = False
+        signal.signal(signal.SIGINT, self.handle)
+        signal.signal(signal.SIGTERM, self.handle)
+
+    def handle(self, signum, frame):
+        if not self.iterated:
+            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
+            os._exit(130)
+        if self.set:
+            raise KeyboardInterrupt
+        self.set = True
+        print("\nstopping after this iteration (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr)
+
+
+def save_checkpoint(path: str, payload: dict):
+    tmp = path + ".tmp"
+    torch.save(payload, tmp)
+    os.replace(tmp, path)  # atomic: a crash mid-write never leaves a truncated agent.pt
+
+
+def load_checkpoint(args: Args) -> dict:
+    """Agent, optimizer, RNGs, iteration and step count. envpool cannot snapshot the emulators, so a resumed run
+    restarts its games (with a fresh seed) and loses the games that were in flight."""
+    try:
+        ckpt = torch.load(args.resume, weights_only=True)
+    except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
+        fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
+    for key in ("env_id", "num_envs", "num_steps"):
+        if ckpt["args"][key] != getattr(args, key):
+            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
+    return ckpt
+
+
+def main(args: Args):
+    check_args(args)
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+    script = os.path.basename(__file__)[: -len(".py")]
+    log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
+    os.makedirs(log_dir, exist_ok=True)
+
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.num_threads)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.cudagraphs and device.type != "cuda":
+        print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
+        args.cudagraphs = False
+    use_bf16 = args.bf16 and bf16_supported(device)
+
+    ckpt = load_checkpoint(args) if args.resume else None
+    envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
+    # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
+    # global generator after compiling a function, which would replay numbers the loop drew before the compile
+    rng = torch.Generator(device).manual_seed(args.seed)
+    agent = Agent(envs.action_space.n, use_bf16).to(device)
+    if args.compile_cache_only:  # see fill_compile_cache
+        warm_up(make_units(agent, inference_copy(agent), args, device, True), args, device,
+                envs.observation_space.shape, envs.action_space.n)
+        return envs.close()
+    u = make_units(agent, inference_copy(agent), args, device, args.compile and not args.compile_async)
+    if args.cudagraphs and not args.compile_async:
+        add_cudagraphs(u)
+    pending = compile_in_background(agent, args, device, log_dir, envs.observation_space.shape,
+                                    envs.action_space.n) if args.compile_async else None
+
+    shape = (args.num_steps, args.num_envs)
+    buf = TensorDict(obs=torch.zeros(shape + envs.observation_space.shape, dtype=torch.uint8),
+                     actions=torch.zeros(shape, dtype=torch.long), logprobs=torch.zeros(shape),
+                     rewards=torch.zeros(shape), dones=torch.zeros(shape), values=torch.zeros(shape),
+                     batch_size=shape, device=device)
+
+    stats = EpisodeStats(args.num_envs)
+    global_step, start_iteration = 0, 1
+    if ckpt:
+        u.agent.load_state_dict(ckpt["agent"])
+        u.optimizer.load_state_dict(ckpt["optimizer"])
+        rng.set_state(ckpt["rng"])
+        stats.returns.extend(ckpt["returns"].tolist())
+        stats.lengths.extend(ckpt["lengths"].tolist())
+        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
+    next_obs = torch.from_numpy(envs.reset()[0]).to(device)
+    next_done = torch.zeros(args.num_envs, device=device)
+
+    def checkpoint(iteration):
+        save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
+            agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args), iteration=iteration,
+            global_step=global_step, rng=rng.get_state(),
+            returns=torch.tensor(list(stats.returns), dtype=torch.float64),
+            lengths=torch.tensor(list(stats.lengths), dtype=torch.float64)))
+
+    run = None
+    if args.track:
+        import wandb
+
+        run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
+                         name=os.path.basename(log_dir), dir=log_dir, save_code=True)
+    metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
+    stop = StopFlag()
+    bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
+    iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
+    compiled_from = start_iteration if args.compile and not args.compile_async else None
+    swap_iteration = time_to_compiled = compile_time = None
+    if compiled_from:  # the first iteration compiles: say so, or a first run looks stuck
+        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.set_description("compiling")
+    try:
+        for iteration in range(start_iteration, args.num_iterations + 1):
+            t_iter = time.perf_counter()
+            swap_at = args.compile_swap_iteration
+            if pending and (iteration >= swap_at if swap_at else pending.done()):
+                compiled, compile_time = pending.result()
+                load_units(compiled, u)
+                if args.cudagraphs:
+                    add_cudagraphs(compiled)
+                u, pending, compiled_from, swap_iteration = compiled, None, iteration, iteration
+                bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)",
+                          file=sys.stderr)
+            if args.anneal_lr:
+                lr = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+                u.optimizer.param_groups[0]["lr"].copy_(lr)
+
+            gumbel = -torch.empty(shape + (envs.action_space.n,), device=device).exponential_(generator=rng).log()
+            next_obs, next_done, t_env, t_policy = rollout(envs, u.act, next_obs, next_done, buf, stats, gumbel)
+            global_step += args.batch_size
+            t_rollout = time.perf_counter() - t_iter
+
+            t0 = time.perf_counter()
+            buf["advantages"], buf["returns"] = u.advantage(u.agent_inference.get_value(next_obs), next_done,
+                                                          buf["rewards"], buf["values"], buf["dones"])
+            t_gae = time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            flat = buf.reshape(-1)
+            losses = []
+            for epoch in range(args.update_epochs):
+                for mb_inds in torch.randperm(args.batch_size, device=device, generator=rng).split(args.minibatch_size):
+                    mb = flat[mb_inds]
+                    # clone: CUDA graphs hand back the same output buffer at every replay
+                    losses.append(u.learn(mb["obs"], mb["actions"], mb["logprobs"], mb["advantages"], mb["returns"],
+                                        mb["values"]).clone())
+                if args.target_kl is not None and losses[-1][0] > args.target_kl:
+                    break
+            losses = torch.stack(losses).mean(0).tolist()  # the iteration's one host sync
+            t_update = time.perf_counter() - t0
+
+            # steady-state fps: whole iterations after the burn-in
+            now = time.perf_counter()
+            iter_times.append(now - t_iter)
+            if iteration - start_iteration + 1 == args.measure_burnin:
+                measure_from = (now, global_step)
+            fps = None
+            if measure_from and global_step > measure_from[1]:
+                fps = (global_step - measure_from[1]) / (now - measure_from[0])
+            row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
+                       episodic_return=stats.mean_return(), episodic_length=stats.mean_length(),
+                       t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
+                       t_gae=t_gae, t_update=t_update, lr=u.optimizer.param_groups[0]["lr"].item(),
+                       compiled=compiled_from is not None,
+                       **dict(zip(STAT_NAMES, losses)))
+            metrics.write(json.dumps(row) + "\n")
+            if run:
+                run.log(row, step=global_step)
+            bar.update(args.batch_size)
+            bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
+            if iteration == compiled_from:
+                bar.set_description("")
+                time_to_compiled = now - start
+            stop.iterated = True
+            if stop.set:
+                break
+    except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
+        stop.set = forced = True
+    finally:
+        bar.close()
+        metrics.close()
+        envs.close()
+    if args.save_model and not forced and iteration >= start_iteration:
+        checkpoint(iteration)
+
+    steady = iter_times[args.measure_burnin:]
+    summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
+                   num_threads=torch.get_num_threads(), bf16=use_bf16, total_timesteps=args.total_timesteps,
+                   global_step=global_step, wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
+                   final_return=stats.mean_return(),
+                   compile_time=compile_time if args.compile_async else
+                   iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
+                   swap_iteration=swap_iteration, time_to_compiled=time_to_compiled,
+                   interrupted=stop.set)
+    with open(os.path.join(log_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if run:
+        run.summary.update(summary)
+        run.finish()
+    print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
+          f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
+    if pending is not None:
+        # the compile outlived the run: its thread cannot be stopped and shutting down under it aborts, so leave now
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130 if stop.set else 0)
+    if stop.set:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main(parse_args())
