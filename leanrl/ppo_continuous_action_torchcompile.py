@@ -23,7 +23,6 @@ doc/continuous_control.md has the measurements behind each of these.
 """
 
 import contextlib
-import copy
 import functools
 import io
 import json
@@ -31,9 +30,7 @@ import math
 import os
 import platform
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -107,16 +104,6 @@ class Args:
 
     compile: bool = False
     """if toggled, wrap the policy, normalize and update units in torch.compile"""
-    compile_async: bool = False
-    """with --compile: train eagerly from the first step while the units compile (a subprocess fills Inductor's cache,
-    then a background thread compiles from it and warms up), then swap them in at an iteration boundary
-    (summary.json: compile_time, swap_iteration, time_to_compiled)"""
-    compile_cache_only: bool = False
-    """with --compile: compile the units and run them once on dummy inputs of this run's shapes, which fills Inductor's
-    on-disk cache, then exit without training (what --compile-async runs in a subprocess; also warms a cache by hand)"""
-    compile_swap_iteration: Optional[int] = None
-    """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
-    reproducible eager/compiled split); default: the first iteration boundary after it is done"""
     cudagraphs: bool = False
     """if toggled, wrap the policy, normalize and update units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     measure_burnin: int = 3
@@ -179,12 +166,6 @@ def check_args(args: Args):
         fail(f"--resume {args.resume}: no such file")
     if args.num_threads <= 0:
         fail(f"--num-threads must be positive, got {args.num_threads}")
-    if args.compile_async and not args.compile:
-        fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
-    if args.compile_cache_only and not args.compile:
-        fail("--compile-cache-only needs --compile")
-    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
-        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
     if args.capture_video:
         fail("--capture-video is not supported: envpool renders no frames")
     check_env_id(args.env_id)
@@ -449,9 +430,9 @@ def make_optimizer(agent, lr, capturable: bool):
     return optimizer
 
 
-def make_units(agent, agent_inference, normalizer, args, device, compiled: bool):
+def make_units(agent, agent_inference, normalizer, args, device):
     """The training state around `agent` (optimizer, lr, observation normalizer) and the units the loop calls,
-    compiled if `compiled`. `agent_inference` becomes the rollout's copy: same storage, plain tensors without
+    compiled with --compile. `agent_inference` becomes the rollout's copy: same storage, plain tensors without
     requires_grad."""
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
@@ -460,7 +441,7 @@ def make_units(agent, agent_inference, normalizer, args, device, compiled: bool)
                         policy=agent_inference.act, rollout_noise=agent_inference.rollout_noise,
                         evaluate=agent_inference.forward, get_value=agent_inference.get_value,
                         update=functools.partial(update, agent, optimizer, lr, args))
-    if compiled:
+    if args.compile:
         # compile only what pays back its compile time: the per-step normalizer (~80 -> ~40 us a call on a CPU) and
         # the 320 updates of an iteration. On a CPU the policy step stays eager: compiled it costs more (~90 vs ~45
         # us); evaluate and get_value run once an iteration and would save less than a millisecond.
@@ -478,76 +459,6 @@ def add_cudagraphs(u):
         setattr(u, name, CudaGraphModule(getattr(u, name)))
 
 
-def warm_up(u, args, device, n_obs: int, n_actions: int):
-    """Call every unit on dummy inputs of the loop's shapes and layouts, so that each compiles now. Zeros only: no
-    random numbers are drawn, so the training run's random stream is the same as without --compile-async."""
-    T, N = args.num_steps, args.num_envs
-    obs, actions = torch.zeros(T, N, n_obs, device=device), torch.zeros(T, N, n_actions, device=device)
-    zeros = torch.zeros(T, N, device=device)
-    u.normalize(torch.zeros(N, n_obs, dtype=torch.float64, device=device))
-    u.policy(obs[0], actions[0])
-    logprobs, _, values = u.evaluate(obs, actions)
-    advantages, returns = gae(u.get_value(obs[0]), zeros[0], zeros, zeros, values, args.gamma, args.gae_lambda)
-    batch = [x.flatten(0, 1) for x in (obs, actions, logprobs, advantages, returns, values)]
-    for inds in torch.arange(args.batch_size, device=device).view(args.num_minibatches, -1):
-        u.update(*batch, inds)
-    return u
-
-
-def fill_compile_cache(log_dir: str):
-    """--compile-async, first stage: this same command with --compile-cache-only, in a subprocess with one compile
-    thread. The costly part (tracing, Inductor's code generation and C++ builds, autotuning) then runs in another
-    interpreter, off the training loop's GIL and core, and the compile in this process comes from Inductor's on-disk
-    cache. A run that ends first leaves it to finish, so the next run starts warm."""
-    with open(os.path.join(log_dir, "compile_async.log"), "w") as log:
-        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
-                                  "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
-                                 stdout=log, stderr=log)
-        if child.wait():
-            raise RuntimeError(f"the compile subprocess exited {child.returncode}; see {log.name}")
-
-
-class BackgroundCompile:
-    """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
-    trains eagerly. A failure in the thread is raised in the loop by result()."""
-
-    def __init__(self, build):
-        self.units = self.error = self.seconds = None
-        self.thread = threading.Thread(target=self.run, args=(build,), daemon=True)  # Ctrl-C does not wait for it
-        self.thread.start()
-
-    def run(self, build):
-        t0 = time.perf_counter()
-        try:
-            self.units = build()
-        except Exception as e:
-            self.error = e
-        self.seconds = time.perf_counter() - t0
-
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise RuntimeError("the background compile failed") from self.error
-        return self.units
-
-
-def load_units(dst, src):
-    """Copy the training state of units `src` into units `dst` in place (the compiled code keeps the tensors it was
-    traced with): parameters, Adam's moments and step counts, lr, the normalizer. Exact copies: the swap changes no
-    result."""
-    with torch.no_grad():
-        for p, q in zip(src.agent.parameters(), dst.agent.parameters()):
-            q.copy_(p)
-            for key, value in src.optimizer.state[p].items():
-                dst.optimizer.state[q][key].copy_(value)
-        dst.lr.copy_(src.lr)
-    dst.normalizer.load_state_dict(src.normalizer.state_dict())
-    dst.normalizer.ret = src.normalizer.ret.copy()
-
-
 def machine_info(device: torch.device) -> dict:
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
@@ -559,14 +470,18 @@ def machine_info(device: torch.device) -> dict:
 
 class StopFlag:
     """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once."""
+    a second Ctrl-C stops at once. Before the first iteration has finished there is nothing to save, and a compile
+    can hold the process for minutes: it ends at once."""
 
     def __init__(self):
-        self.set = False
+        self.set = self.first_iteration_done = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
+        if not self.first_iteration_done:
+            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr)
+            os._exit(130)
         if self.set:
             raise KeyboardInterrupt
         self.set = True
@@ -595,7 +510,6 @@ def load_checkpoint(args: Args) -> dict:
 def main(args: Args):
     check_args(args)
     args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
     script = os.path.basename(__file__)[: -len(".py")]
     log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
@@ -612,31 +526,14 @@ def main(args: Args):
     ckpt = load_checkpoint(args) if args.resume else None
     envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
-    # global generator after compiling each function, and with --compile-async that happens in another thread,
-    # mid-rollout, which would replay numbers the loop already drew
+    # global generator after compiling a function, which would replay numbers the loop already drew
     rng = torch.Generator(device).manual_seed(args.seed)
     n_obs, n_actions = envs.observation_space.shape[0], envs.action_space.shape[0]
     action_bounds = (envs.action_space.low, envs.action_space.high)
-    agent = Agent(n_obs, n_actions).to(device)
-    if args.compile_cache_only:  # see fill_compile_cache
-        normalizer = Normalizer(args.num_envs, n_obs, args.gamma, device)
-        warm_up(make_units(agent, Agent(n_obs, n_actions).to(device), normalizer, args, device, True), args, device,
-                n_obs, n_actions)
-        return envs.close()
-    u = make_units(agent, Agent(n_obs, n_actions).to(device), Normalizer(args.num_envs, n_obs, args.gamma, device),
-                   args, device, args.compile and not args.compile_async)
-    if args.cudagraphs and not args.compile_async:
+    u = make_units(Agent(n_obs, n_actions).to(device), Agent(n_obs, n_actions).to(device),
+                   Normalizer(args.num_envs, n_obs, args.gamma, device), args, device)
+    if args.cudagraphs:
         add_cudagraphs(u)
-    pending = None
-    if args.compile_async:  # a second set of units on copies of the agent, compiled off the critical path
-        twin, twin_normalizer = copy.deepcopy(agent), copy.deepcopy(u.normalizer)
-
-        def build():
-            fill_compile_cache(log_dir)
-            return warm_up(make_units(twin, copy.deepcopy(twin), twin_normalizer, args, device, True), args, device,
-                           n_obs, n_actions)
-
-        pending = BackgroundCompile(build)
 
     shape = (args.num_steps, args.num_envs)
     buf = dict(obs=torch.zeros(shape + (n_obs,), device=device), actions=torch.zeros(shape + (n_actions,), device=device),
@@ -651,8 +548,6 @@ def main(args: Args):
         rng.set_state(ckpt["rng"])
         stats.returns.extend(ckpt["returns"].tolist())
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-    next_obs = u.normalize(torch.from_numpy(envs.reset()[0]).to(device))
-    next_done = np.zeros(args.num_envs, dtype=bool)
 
     def checkpoint(iteration):
         save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
@@ -669,21 +564,17 @@ def main(args: Args):
     metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
+    if args.compile:  # else a first run looks stuck
+        notice = ("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+                  "from Inductor's on-disk cache)")
+        bar.write(notice, file=sys.stderr)
+        bar.set_description(notice)
+    next_obs = u.normalize(torch.from_numpy(envs.reset()[0]).to(device))  # the first compiled call
+    next_done = np.zeros(args.num_envs, dtype=bool)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
-    compiled_from = start_iteration if args.compile and not args.compile_async else None
-    swap_iteration = time_to_compiled = compile_time = None
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
-            swap_at = args.compile_swap_iteration
-            if pending and (iteration >= swap_at if swap_at else pending.done()):
-                compiled, compile_time = pending.result(), pending.seconds
-                load_units(compiled, u)
-                if args.cudagraphs:
-                    add_cudagraphs(compiled)
-                u, pending, compiled_from, swap_iteration = compiled, None, iteration, iteration
-                bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)",
-                          file=sys.stderr)
             if args.anneal_lr:
                 u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
 
@@ -724,7 +615,7 @@ def main(args: Args):
                 fps = (global_step - measure_from[1]) / (now - measure_from[0])
             row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
                        episodic_return=stats.mean_return(), t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
-                       t_gae=t_gae, t_update=t_update, lr=u.lr.item(), compiled=compiled_from is not None,
+                       t_gae=t_gae, t_update=t_update, lr=u.lr.item(),
                        **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"),
                                   stats_buf[:n].mean(0).tolist())))  # the one host sync of the iteration
             metrics.write(json.dumps(row) + "\n")
@@ -732,10 +623,12 @@ def main(args: Args):
                 run.log(row, step=global_step)
             bar.update(args.batch_size)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if iteration == compiled_from:
-                # every unit has compiled and nothing its guards check can change any more: stop checking them
-                torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-                time_to_compiled = now - start
+            if iteration == start_iteration:
+                stop.first_iteration_done = True
+                if args.compile:
+                    bar.set_description("")
+                    # every unit has compiled and nothing its guards check can change any more: stop checking them
+                    torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
             if stop.set:
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -753,9 +646,7 @@ def main(args: Args):
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
                    wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
                    final_return=stats.mean_return(),
-                   compile_time=compile_time if args.compile_async else
-                   iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   swap_iteration=swap_iteration, time_to_compiled=time_to_compiled,
+                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
                    interrupted=stop.set)
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -764,12 +655,6 @@ def main(args: Args):
         run.finish()
     print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
           f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
-    if pending is not None:
-        # the run ended before the background compile did: a compiling thread cannot be stopped, and shutting the
-        # interpreter down under it aborts, so leave without waiting (logs, summary and checkpoint are written)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130 if stop.set else 0)
     if stop.set:
         sys.exit(130)
 
