@@ -7,14 +7,11 @@ statistics, torch tensors on the policy's device), `gae`, and `update` (one mini
 An iteration is 2048 sequential single-env steps, then 320 minibatch updates of 64 samples: on a CPU every one of
 them costs its Python and dispatcher overhead, not its arithmetic, so the tricks here remove machinery:
 
-- a rollout step only samples, mean + std * noise, with the noise of the whole rollout drawn in one call and no
-  Distribution object; the log-probabilities and values come from one batched forward after the rollout;
-- the rollout policy is an inference copy of the agent sharing its storage, without autograd;
-- the env's outputs are staged in numpy and reach the buffers in one copy per iteration; the reward scaling's
-  running statistics are updated for the whole rollout at once (cumulative sums give the same numbers);
-- GAE runs its 2048-step recursion over numpy rows on the host (a torch loop dispatches ~12k tiny ops);
-- `update` takes its gradients with torch.func.grad and applies torch.optim's own functional Adam, so that
-  torch.compile turns forward, backward, clipping and the Adam step into one graph;
+- a rollout step only samples, with an inference copy of the agent; log-probabilities and values come afterwards,
+  from one batched forward (Agent.act);
+- the env's outputs are staged in numpy and reach the buffers once an iteration, the reward scaling too (rollout);
+- GAE recurses over numpy rows on the host (gae);
+- `update` is one compiled graph: torch.func.grad, clipping and torch.optim's functional Adam (update);
 - lr is a tensor changed in place (no recompilation), and once everything has compiled the guards are skipped.
 doc/continuous_control.md has the measurements behind each of these.
 
@@ -191,13 +188,12 @@ def env_step(envs, action: np.ndarray):
 
 class RunningMeanStd:
     """Mean and (population) variance of everything seen so far, merged one batch at a time (Chan et al.'s parallel
-    update, exact for any batch size). Starts like gymnasium's: mean 0, var 1, with a weight of 1e-4 samples.
-    float64 tensors on the policy's device, updated in place: compiled code and CUDA graphs keep reading the same
-    storage. The count has shape (1,): torch 2.13's compiled code drops in-place writes to a 0-dim tensor it reads
-    from an object (they reach the tensor only in eager mode)."""
+    update), starting like gymnasium's: mean 0, var 1, with a weight of 1e-4 samples. float64 tensors on the policy's
+    device, updated in place: compiled code and CUDA graphs keep reading the same storage."""
 
     def __init__(self, shape, device):
         f64 = dict(dtype=torch.float64, device=device)
+        # count of shape (1,): torch 2.13's compiled code drops in-place writes to a 0-dim tensor read from an object
         self.mean, self.var, self.count = torch.zeros(shape, **f64), torch.ones(shape, **f64), torch.full((1,), 1e-4, **f64)
 
     def update(self, x):
@@ -318,9 +314,8 @@ class Agent(nn.Module):
         return self.actor_logstd.exp() * torch.randn(shape, device=self.actor_logstd.device, generator=rng)
 
     def act(self, x, noise):
-        """One rollout step: a sample of Normal(mean, std) as mean + std * N(0, 1). Acting needs nothing else: the
-        rollout's log-probabilities and values come from one batched forward afterwards (same parameters, so the
-        same numbers)."""
+        """One rollout step: a sample of Normal(mean, std) as mean + std * N(0, 1), nothing else. The rollout's
+        log-probabilities and values come from one batched forward afterwards (same parameters, same numbers)."""
         return self.actor_mean(x) + noise
 
     def forward(self, x, action):
@@ -365,10 +360,9 @@ def rollout(envs, policy, normalize, normalizer, next_obs, next_done, buf, stats
 
 
 def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda: float):
-    """Generalized advantage estimation, CleanRL's recursion. The deltas and discounts are computed at once in torch;
-    the 2048-step recursion itself runs over numpy rows on the host (~2 us a step): as a loop of torch ops it costs
-    ~12k op dispatches (~50 ms an iteration), and torch.compile would unroll it into a graph that takes minutes to
-    build."""
+    """Generalized advantage estimation, CleanRL's recursion: deltas and discounts at once in torch, the recursion over
+    numpy rows on the host (~2 us a step). A loop of torch ops costs ~12k op dispatches (~50 ms an iteration), and
+    torch.compile would unroll it into a graph that takes minutes to build."""
     nextnonterminal = 1.0 - torch.cat([dones[1:], next_done.unsqueeze(0)])
     nextvalues = torch.cat([values[1:], next_value.unsqueeze(0)])
     deltas = (rewards + gamma * nextvalues * nextnonterminal - values).cpu().numpy()
@@ -430,11 +424,13 @@ def make_optimizer(agent, lr, capturable: bool):
     return optimizer
 
 
-def make_units(agent, agent_inference, normalizer, args, device):
-    """The training state around `agent` (optimizer, lr, observation normalizer) and the units the loop calls,
-    compiled with --compile. `agent_inference` becomes the rollout's copy: same storage, plain tensors without
-    requires_grad."""
+def make_units(n_obs: int, n_actions: int, args, device):
+    """The agent, its training state (optimizer, lr, observation normalizer) and the units the loop calls, compiled
+    with --compile and in CUDA graphs with --cudagraphs. The rollout acts with an inference copy of the agent: same
+    storage, plain tensors without requires_grad."""
+    agent, agent_inference = Agent(n_obs, n_actions).to(device), Agent(n_obs, n_actions).to(device)
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    normalizer = Normalizer(args.num_envs, n_obs, args.gamma, device)
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
     optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
     u = SimpleNamespace(agent=agent, optimizer=optimizer, lr=lr, normalizer=normalizer, normalize=normalizer.obs,
@@ -451,12 +447,10 @@ def make_units(agent, agent_inference, normalizer, args, device):
             u.get_value = torch.compile(u.get_value)
         u.normalize = torch.compile(u.normalize)
         u.update = torch.compile(u.update)
+    if args.cudagraphs:
+        for name in ("policy", "normalize", "evaluate", "get_value", "update"):
+            setattr(u, name, CudaGraphModule(getattr(u, name)))
     return u
-
-
-def add_cudagraphs(u):
-    for name in ("policy", "normalize", "evaluate", "get_value", "update"):
-        setattr(u, name, CudaGraphModule(getattr(u, name)))
 
 
 def machine_info(device: torch.device) -> dict:
@@ -469,18 +463,17 @@ def machine_info(device: torch.device) -> dict:
 
 
 class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once. Before the first iteration has finished there is nothing to save, and a compile
-    can hold the process for minutes: it ends at once."""
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
+    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
 
     def __init__(self):
-        self.set = self.first_iteration_done = False
+        self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
-        if not self.first_iteration_done:
-            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr)
+        if not self.iterated:
+            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
             os._exit(130)
         if self.set:
             raise KeyboardInterrupt
@@ -526,14 +519,11 @@ def main(args: Args):
     ckpt = load_checkpoint(args) if args.resume else None
     envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
-    # global generator after compiling a function, which would replay numbers the loop already drew
+    # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed)
     n_obs, n_actions = envs.observation_space.shape[0], envs.action_space.shape[0]
     action_bounds = (envs.action_space.low, envs.action_space.high)
-    u = make_units(Agent(n_obs, n_actions).to(device), Agent(n_obs, n_actions).to(device),
-                   Normalizer(args.num_envs, n_obs, args.gamma, device), args, device)
-    if args.cudagraphs:
-        add_cudagraphs(u)
+    u = make_units(n_obs, n_actions, args, device)
 
     shape = (args.num_steps, args.num_envs)
     buf = dict(obs=torch.zeros(shape + (n_obs,), device=device), actions=torch.zeros(shape + (n_actions,), device=device),
@@ -564,12 +554,11 @@ def main(args: Args):
     metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
-    if args.compile:  # else a first run looks stuck
-        notice = ("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
-                  "from Inductor's on-disk cache)")
-        bar.write(notice, file=sys.stderr)
-        bar.set_description(notice)
-    next_obs = u.normalize(torch.from_numpy(envs.reset()[0]).to(device))  # the first compiled call
+    if args.compile:  # the first iteration compiles: say so, or a first run looks stuck
+        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.set_description("compiling")
+    next_obs = u.normalize(torch.from_numpy(envs.reset()[0]).to(device))  # with --compile, normalize compiles here
     next_done = np.zeros(args.num_envs, dtype=bool)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
     try:
@@ -623,12 +612,11 @@ def main(args: Args):
                 run.log(row, step=global_step)
             bar.update(args.batch_size)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if iteration == start_iteration:
-                stop.first_iteration_done = True
-                if args.compile:
-                    bar.set_description("")
-                    # every unit has compiled and nothing its guards check can change any more: stop checking them
-                    torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+            if args.compile and iteration == start_iteration:
+                # every unit has compiled and nothing its guards check can change any more: stop checking them
+                torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+                bar.set_description("")
+            stop.iterated = True
             if stop.set:
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -644,8 +632,7 @@ def main(args: Args):
     steady = iter_times[args.measure_burnin:]
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
-                   wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
-                   final_return=stats.mean_return(),
+                   wall_time=time.perf_counter() - start, fps=fps if measure_from else None, final_return=stats.mean_return(),
                    compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
                    interrupted=stop.set)
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
