@@ -440,7 +440,8 @@ def make_units(n_obs: int, n_actions: int, args, device):
     if args.compile:
         # compile only what pays back its compile time: the per-step normalizer (~80 -> ~40 us a call on a CPU) and
         # the 320 updates of an iteration. On a CPU the policy step stays eager: compiled it costs more (~90 vs ~45
-        # us); evaluate and get_value run once an iteration and would save less than a millisecond.
+        # us); evaluate and get_value run once an iteration and would save less than a millisecond. Default options:
+        # on CUDA max_autotune spends minutes autotuning Triton GEMMs for these tiny layers (on a CPU: not measured)
         if device.type == "cuda":
             u.policy = torch.compile(u.policy)
             u.evaluate = torch.compile(u.evaluate)
