@@ -148,11 +148,10 @@ def check_env_id(env_id: str):
 
 
 def check_args(args: Args):
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
+    for name in ("total_timesteps", "learning_rate", "num_envs", "num_steps", "num_minibatches", "update_epochs",
+                 "num_threads"):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.learning_rate <= 0:
-        fail(f"--learning-rate must be positive, got {args.learning_rate}")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
@@ -161,23 +160,15 @@ def check_args(args: Args):
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     if args.resume and not os.path.isfile(args.resume):
         fail(f"--resume {args.resume}: no such file")
-    if args.num_threads <= 0:
-        fail(f"--num-threads must be positive, got {args.num_threads}")
     if args.capture_video:
         fail("--capture-video is not supported: envpool renders no frames")
     check_env_id(args.env_id)
 
 
-def make_envs(args: Args, seed: int):
-    return envpool.make(args.env_id, env_type="gymnasium", num_envs=args.num_envs, seed=seed)
-
-
 def env_step(envs, action: np.ndarray):
-    """One step with CleanRL's (gymnasium's SAME_STEP) auto-reset: the observation after an episode's end is the
-    next episode's first. envpool resets an env on the step *after* its episode ended, ignoring that step's action and
-    returning reward 0 (checked on envpool 1.2.5): left alone, that dead step would enter the batch as a transition
-    the action did not cause. Resetting the ended envs right away (envpool's reset takes a subset of env ids) keeps
-    every stored transition real, at one extra env call per episode end."""
+    """One step with CleanRL's (gymnasium's SAME_STEP) auto-reset. envpool resets an env on the step *after* its episode
+    ended, ignoring that step's action, reward 0 (envpool 1.2.5): resetting the ended envs at once keeps that dead step,
+    a transition the action did not cause, out of the batch, at one extra env call per episode end."""
     obs, reward, terminated, truncated, _ = envs.step(action)
     done = terminated | truncated
     if done.any():
@@ -186,62 +177,31 @@ def env_step(envs, action: np.ndarray):
     return obs, reward, done
 
 
-class RunningMeanStd:
-    """Mean and (population) variance of everything seen so far, merged one batch at a time (Chan et al.'s parallel
-    update), starting like gymnasium's: mean 0, var 1, with a weight of 1e-4 samples. float64 tensors on the policy's
-    device, updated in place: compiled code and CUDA graphs keep reading the same storage."""
-
-    def __init__(self, shape, device):
-        f64 = dict(dtype=torch.float64, device=device)
-        # count of shape (1,): torch 2.13's compiled code drops in-place writes to a 0-dim tensor read from an object
-        self.mean, self.var, self.count = torch.zeros(shape, **f64), torch.ones(shape, **f64), torch.full((1,), 1e-4, **f64)
-
-    def update(self, x):
-        batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        delta = batch_mean - self.mean
-        total = self.count + batch_count
-        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total)
-        self.mean.add_(delta * batch_count / total)
-        self.count.copy_(total)
-
-    def update_sequence(self, x):
-        """The updates with x[0], x[1], ... one after the other, at once: returns the variance after each. The
-        statistics of a union are its count, sum and sum of squares; cumulative sums give them all, in float64."""
-        counts = self.count + x.shape[1] * torch.arange(1, x.shape[0] + 1, dtype=x.dtype, device=x.device)
-        sums = self.count * self.mean + x.sum(1).cumsum(0)
-        squares = self.count * (self.var + self.mean**2) + (x**2).sum(1).cumsum(0)
-        means = sums / counts
-        variances = squares / counts - means**2
-        self.mean.copy_(means[-1])
-        self.var.copy_(variances[-1])
-        self.count.copy_(counts[-1])
-        return variances
-
-    def state_dict(self):
-        return dict(mean=self.mean.cpu(), var=self.var.cpu(), count=self.count.cpu())
-
-    def load_state_dict(self, s):
-        for name in ("mean", "var", "count"):
-            getattr(self, name).copy_(s[name])
-
-
 class Normalizer:
     """CleanRL's NormalizeObservation + clip and NormalizeReward + clip, for all envs at once (one set of statistics,
-    updated with every env's values each step) and with episode ends handled: each env's discounted return starts
-    again from 0 when its episode ends, by termination or by time limit. (gymnasium's wrapper resets it only on
-    termination, and one step late, so on HalfCheetah, which only times out, it never resets.)
-    The statistics live on the policy's device; each env's discounted return accumulates on the host, in the
-    rollout, where the rewards arrive."""
+    updated with every env's values each step), each env's discounted return restarting from 0 when its episode ends
+    by termination or time limit (gymnasium's resets it only on termination, so on HalfCheetah never). The statistics
+    (mean, population variance, count; starting like gymnasium's at 0, 1, 1e-4) are float64 tensors on the policy's
+    device, updated in place: compiled code and CUDA graphs keep reading the same storage. The discounted returns
+    accumulate on the host, in the rollout, where the rewards arrive."""
 
     def __init__(self, num_envs: int, obs_dim: int, gamma: float, device, clip: float = 10.0, eps: float = 1e-8):
-        self.obs_rms, self.ret_rms = RunningMeanStd((obs_dim,), device), RunningMeanStd((), device)
+        f64 = dict(dtype=torch.float64, device=device)
+        # count of shape (1,): torch 2.13's compiled code drops in-place writes to a 0-dim tensor read from an object
+        self.obs_rms, self.ret_rms = (SimpleNamespace(mean=torch.zeros(shape, **f64), var=torch.ones(shape, **f64),
+                                                      count=torch.full((1,), 1e-4, **f64)) for shape in ((obs_dim,), ()))
         self.ret = np.zeros(num_envs)  # each env's discounted return so far in its episode
         self.gamma, self.clip, self.eps = gamma, clip, eps
 
     def obs(self, obs):
-        """Update the statistics with the observations the agent is about to see, then normalize them (float32)."""
-        self.obs_rms.update(obs)
-        return ((obs - self.obs_rms.mean) / (self.obs_rms.var + self.eps).sqrt()).clamp(-self.clip, self.clip).float()
+        """Merge the observations the agent is about to see into the statistics (Chan et al.'s parallel update), then
+        normalize them (float32)."""
+        s, n = self.obs_rms, obs.shape[0]
+        delta, total = obs.mean(0) - s.mean, s.count + n
+        s.var.copy_((s.var * s.count + obs.var(0, unbiased=False) * n + delta**2 * s.count * n / total) / total)
+        s.mean.add_(delta * n / total)
+        s.count.copy_(total)
+        return ((obs - s.mean) / (s.var + self.eps).sqrt()).clamp(-self.clip, self.clip).float()
 
     def discounted_return(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
         """One step of each env's discounted return (host, numpy): its value after this step's reward."""
@@ -251,17 +211,24 @@ class Normalizer:
         return out
 
     def rewards(self, rewards, returns):
-        """A rollout's rewards [steps, envs] scaled by the std of the discounted return, the statistics updated with
-        each step's returns in turn: what per-step scaling would give, in a few vectorized ops."""
-        var = self.ret_rms.update_sequence(returns.double())
+        """A rollout's rewards [steps, envs] scaled by the std of the discounted return, the statistics merged with
+        each step's returns in turn, at once: a union's count, sum and sum of squares are cumulative sums (float64)."""
+        s, x = self.ret_rms, returns.double()
+        counts = s.count + x.shape[1] * torch.arange(1, x.shape[0] + 1, dtype=x.dtype, device=x.device)
+        means = (s.count * s.mean + x.sum(1).cumsum(0)) / counts
+        var = (s.count * (s.var + s.mean**2) + (x**2).sum(1).cumsum(0)) / counts - means**2
+        s.mean.copy_(means[-1])
+        s.var.copy_(var[-1])
+        s.count.copy_(counts[-1])
         return (rewards / (var + self.eps).sqrt().unsqueeze(1)).clamp(-self.clip, self.clip).float()
 
     def state_dict(self):
-        return dict(obs_rms=self.obs_rms.state_dict(), ret_rms=self.ret_rms.state_dict())
+        return {name: {k: v.cpu() for k, v in vars(getattr(self, name)).items()} for name in ("obs_rms", "ret_rms")}
 
-    def load_state_dict(self, s):
-        self.obs_rms.load_state_dict(s["obs_rms"])
-        self.ret_rms.load_state_dict(s["ret_rms"])
+    def load_state_dict(self, state):
+        for name in ("obs_rms", "ret_rms"):
+            for k, v in vars(getattr(self, name)).items():
+                v.copy_(state[name][k])
 
 
 class EpisodeStats:
@@ -482,12 +449,6 @@ class StopFlag:
         print("\nstopping after this iteration (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr)
 
 
-def save_checkpoint(path: str, payload: dict):
-    tmp = path + ".tmp"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)  # atomic: a crash mid-write never leaves a truncated agent.pt
-
-
 def load_checkpoint(args: Args) -> dict:
     """Agent, optimizer, normalizer statistics, RNGs, iteration and step count. envpool cannot snapshot the
     simulators, so a resumed run starts new episodes (with a fresh seed); the normalizer carries on."""
@@ -518,7 +479,8 @@ def main(args: Args):
         args.cudagraphs = False
 
     ckpt = load_checkpoint(args) if args.resume else None
-    envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
+    envs = envpool.make(args.env_id, env_type="gymnasium", num_envs=args.num_envs,
+                        seed=args.seed + (ckpt["global_step"] if ckpt else 0))  # a resumed run: new episodes
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
     # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed)
@@ -541,10 +503,12 @@ def main(args: Args):
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
 
     def checkpoint(iteration):
-        save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), normalizer=u.normalizer.state_dict(),
-            args=asdict(args), iteration=iteration, global_step=global_step, rng=rng.get_state(),
-            returns=torch.tensor(list(stats.returns), dtype=torch.float64)))
+        path = os.path.join(log_dir, "agent.pt")
+        torch.save(dict(agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(),
+                        normalizer=u.normalizer.state_dict(), args=asdict(args), iteration=iteration,
+                        global_step=global_step, rng=rng.get_state(),
+                        returns=torch.tensor(list(stats.returns), dtype=torch.float64)), path + ".tmp")
+        os.replace(path + ".tmp", path)  # atomic: a crash mid-write never leaves a truncated agent.pt
 
     run = None
     if args.track:
