@@ -1,11 +1,10 @@
-"""PPO for continuous control (MuJoCo through envpool, HalfCheetah-v4), restructured to run as fast as the hardware
-allows.
+"""PPO for continuous control (MuJoCo through envpool, HalfCheetah-v4), made to run as fast as the hardware allows.
 
 The algorithm, network, normalization and defaults of ppo_continuous_action.py (CleanRL's), cut LeanRL-style into
 units that torch.compile and CUDA graphs can wrap: `policy` (one rollout step), `normalize` (the observation
-statistics, torch tensors on the policy's device), `gae`, and `update` (one minibatch, optimizer step inside).
-An iteration is 2048 sequential single-env steps, then 320 minibatch updates of 64 samples: on a CPU every one of
-them costs its Python and dispatcher overhead, not its arithmetic, so the tricks here remove machinery:
+statistics, on the policy's device), `gae`, and `update` (one minibatch, optimizer step inside). An iteration is 2048
+sequential single-env steps, then 320 minibatch updates of 64 samples: on a CPU each costs its Python and dispatcher
+overhead, not its arithmetic, so the tricks here remove machinery (doc/continuous_control.md has the measurements):
 
 - a rollout step only samples, with an inference copy of the agent; log-probabilities and values come afterwards,
   from one batched forward (Agent.act);
@@ -13,7 +12,6 @@ them costs its Python and dispatcher overhead, not its arithmetic, so the tricks
 - GAE recurses over numpy rows on the host (gae);
 - `update` is one compiled graph: torch.func.grad, clipping and torch.optim's functional Adam (update);
 - lr is a tensor changed in place (no recompilation), and once everything has compiled the guards are skipped.
-doc/continuous_control.md has the measurements behind each of these.
 
     python leanrl/ppo_continuous_action_torchcompile.py --compile               # CPU or GPU
     python leanrl/ppo_continuous_action_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the units
@@ -133,20 +131,6 @@ def parse_args() -> Args:
         raise
 
 
-def check_env_id(env_id: str):
-    family = envpool.registration.registry.specs.get(env_id, ("",))[0]
-    if family == "envpool.mujoco.gym":
-        return
-    if "atari" in family:
-        fail(f"{env_id} is an Atari game (discrete actions); use leanrl/ppo_atari_envpool.py")
-    if "classic_control" in family:
-        fail(f"{env_id} is a classic-control task; this script takes MuJoCo tasks such as HalfCheetah-v4 "
-             "(discrete classic control: leanrl/ppo.py)")
-    if "mujoco" in family:
-        fail(f"{env_id} is not a Gymnasium-style MuJoCo task; this script takes ids such as HalfCheetah-v4, Hopper-v4")
-    fail(f"unknown env id {env_id!r}; this script takes envpool MuJoCo ids such as HalfCheetah-v4, Hopper-v4, Ant-v4")
-
-
 def check_args(args: Args):
     for name in ("total_timesteps", "learning_rate", "num_envs", "num_steps", "num_minibatches", "update_epochs",
                  "num_threads"):
@@ -162,7 +146,17 @@ def check_args(args: Args):
         fail(f"--resume {args.resume}: no such file")
     if args.capture_video:
         fail("--capture-video is not supported: envpool renders no frames")
-    check_env_id(args.env_id)
+    env_id, family = args.env_id, envpool.registration.registry.specs.get(args.env_id, ("",))[0]
+    if family == "envpool.mujoco.gym":
+        return
+    if "atari" in family:
+        fail(f"{env_id} is an Atari game (discrete actions); use leanrl/ppo_atari_envpool.py")
+    if "classic_control" in family:
+        fail(f"{env_id} is a classic-control task; this script takes MuJoCo tasks such as HalfCheetah-v4 "
+             "(discrete classic control: leanrl/ppo.py)")
+    if "mujoco" in family:
+        fail(f"{env_id} is not a Gymnasium-style MuJoCo task; this script takes ids such as HalfCheetah-v4, Hopper-v4")
+    fail(f"unknown env id {env_id!r}; this script takes envpool MuJoCo ids such as HalfCheetah-v4, Hopper-v4, Ant-v4")
 
 
 def env_step(envs, action: np.ndarray):
@@ -188,8 +182,8 @@ class Normalizer:
     def __init__(self, num_envs: int, obs_dim: int, gamma: float, device, clip: float = 10.0, eps: float = 1e-8):
         f64 = dict(dtype=torch.float64, device=device)
         # count of shape (1,): torch 2.13's compiled code drops in-place writes to a 0-dim tensor read from an object
-        self.obs_rms, self.ret_rms = (SimpleNamespace(mean=torch.zeros(shape, **f64), var=torch.ones(shape, **f64),
-                                                      count=torch.full((1,), 1e-4, **f64)) for shape in ((obs_dim,), ()))
+        self.obs_rms, self.ret_rms = (SimpleNamespace(mean=torch.zeros(dims, **f64), var=torch.ones(dims, **f64),
+                                                      count=torch.full((1,), 1e-4, **f64)) for dims in ((obs_dim,), ()))
         self.ret = np.zeros(num_envs)  # each env's discounted return so far in its episode
         self.gamma, self.clip, self.eps = gamma, clip, eps
 
@@ -276,13 +270,11 @@ class Agent(nn.Module):
         return self.critic(x).squeeze(-1)
 
     def rollout_noise(self, shape, rng: torch.Generator):
-        """The exploration noise of a whole rollout, std * N(0, 1), drawn in one call: the parameters do not change
-        during a rollout, so a step only adds it to the mean."""
+        """A rollout's exploration noise, std * N(0, 1), in one call: the parameters are fixed during a rollout."""
         return self.actor_logstd.exp() * torch.randn(shape, device=self.actor_logstd.device, generator=rng)
 
     def act(self, x, noise):
-        """One rollout step: a sample of Normal(mean, std) as mean + std * N(0, 1), nothing else. The rollout's
-        log-probabilities and values come from one batched forward afterwards (same parameters, same numbers)."""
+        """One rollout step, a sample of Normal(mean, std), nothing else: log-probs and values come afterwards."""
         return self.actor_mean(x) + noise
 
     def forward(self, x, action):
@@ -296,9 +288,8 @@ class Agent(nn.Module):
 
 
 def rollout(envs, policy, normalize, normalizer, next_obs, next_done, buf, stats, noise, action_bounds):
-    """num_steps steps of every env into `buf`; returns the last (normalized) obs and done, and the time split.
-    The env's outputs are staged in numpy and the obs and actions in lists, and each reaches `buf` in one copy per
-    iteration: per step that is a few numpy writes instead of several tensor ops."""
+    """num_steps steps of every env into `buf`; returns the last (normalized) obs and done, and the time split. Env
+    outputs are staged in numpy, obs and actions in lists, each reaching `buf` in one copy an iteration."""
     num_steps, device = buf["obs"].shape[0], buf["obs"].device
     dones, rewards = np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
     returns = np.empty(buf["rewards"].shape)
@@ -327,9 +318,8 @@ def rollout(envs, policy, normalize, normalizer, next_obs, next_done, buf, stats
 
 
 def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda: float):
-    """Generalized advantage estimation, CleanRL's recursion: deltas and discounts at once in torch, the recursion over
-    numpy rows on the host (~2 us a step). A loop of torch ops costs ~12k op dispatches (~50 ms an iteration), and
-    torch.compile would unroll it into a graph that takes minutes to build."""
+    """CleanRL's GAE: deltas and discounts at once in torch, the recursion over numpy rows on the host (~2 us a step);
+    a loop of torch ops costs ~12k dispatches (~50 ms an iteration), and torch.compile takes minutes to unroll it."""
     nextnonterminal = 1.0 - torch.cat([dones[1:], next_done.unsqueeze(0)])
     nextvalues = torch.cat([values[1:], next_value.unsqueeze(0)])
     deltas = (rewards + gamma * nextvalues * nextnonterminal - values).cpu().numpy()
@@ -362,9 +352,8 @@ def ppo_loss(params, agent, args, obs, actions, logprobs, advantages, returns, v
 
 
 def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, returns, values, inds):
-    """One minibatch step. Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm].
-    Gradients from torch.func.grad and the step from torch.optim's functional Adam, on the optimizer's own state:
-    compiled, this whole function is one graph (loss.backward() and optimizer.step() would each break it)."""
+    """One minibatch step; returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm]. torch.func.grad and
+    torch.optim's functional Adam on the optimizer's state: compiled, one graph (backward(), step() would break it)."""
     params = {name: p.detach() for name, p in agent.named_parameters()}
     grads, stats = torch.func.grad(ppo_loss, has_aux=True)(
         params, agent, args, obs[inds], actions[inds], logprobs[inds], advantages[inds], returns[inds], values[inds])
@@ -392,9 +381,8 @@ def make_optimizer(agent, lr, capturable: bool):
 
 
 def make_units(n_obs: int, n_actions: int, args, device):
-    """The agent, its training state (optimizer, lr, observation normalizer) and the units the loop calls, compiled
-    with --compile and in CUDA graphs with --cudagraphs. The rollout acts with an inference copy of the agent: same
-    storage, plain tensors without requires_grad."""
+    """The agent, its training state (optimizer, lr, normalizer) and the units the loop calls, compiled with --compile,
+    in CUDA graphs with --cudagraphs. The rollout acts with an inference copy of the agent: same storage, no grad."""
     agent, agent_inference = Agent(n_obs, n_actions).to(device), Agent(n_obs, n_actions).to(device)
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     normalizer = Normalizer(args.num_envs, n_obs, args.gamma, device)
@@ -405,16 +393,12 @@ def make_units(n_obs: int, n_actions: int, args, device):
                         evaluate=agent_inference.forward, get_value=agent_inference.get_value,
                         update=functools.partial(update, agent, optimizer, lr, args))
     if args.compile:
-        # compile only what pays back its compile time: the per-step normalizer (~80 -> ~40 us a call on a CPU) and
-        # the 320 updates of an iteration. On a CPU the policy step stays eager: compiled it costs more (~90 vs ~45
-        # us); evaluate and get_value run once an iteration and would save less than a millisecond. Default options:
-        # on CUDA max_autotune spends minutes autotuning Triton GEMMs for these tiny layers (on a CPU: not measured)
-        if device.type == "cuda":
-            u.policy = torch.compile(u.policy)
-            u.evaluate = torch.compile(u.evaluate)
-            u.get_value = torch.compile(u.get_value)
-        u.normalize = torch.compile(u.normalize)
-        u.update = torch.compile(u.update)
+        # on a CPU only what pays back its compile time: the per-step normalizer (~80 -> ~40 us) and the 320 updates an
+        # iteration; the policy step is slower compiled (~90 vs ~45 us), evaluate/get_value run once (save < 1 ms).
+        # Default options: on CUDA max_autotune autotunes Triton GEMMs for minutes on tiny layers (CPU: not measured)
+        cuda_only = ("policy", "evaluate", "get_value") if device.type == "cuda" else ()
+        for name in cuda_only + ("normalize", "update"):
+            setattr(u, name, torch.compile(getattr(u, name)))
     if args.cudagraphs:
         for name in ("policy", "normalize", "evaluate", "get_value", "update"):
             setattr(u, name, CudaGraphModule(getattr(u, name)))
@@ -542,9 +526,8 @@ def main(args: Args):
             logprobs, _, values = u.evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
             buf["logprobs"].copy_(logprobs)
             buf["values"].copy_(values)
-            last_done = torch.from_numpy(next_done).to(device).float()
-            advantages, returns = gae(u.get_value(next_obs), last_done, buf["rewards"], buf["dones"], buf["values"],
-                                      args.gamma, args.gae_lambda)
+            advantages, returns = gae(u.get_value(next_obs), torch.from_numpy(next_done).to(device).float(),
+                                      buf["rewards"], buf["dones"], buf["values"], args.gamma, args.gae_lambda)
             t_gae = time.perf_counter() - t0
 
             t0 = time.perf_counter()
