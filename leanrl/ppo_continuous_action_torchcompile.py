@@ -1,29 +1,23 @@
-"""PPO for continuous control (MuJoCo through envpool, HalfCheetah-v4), restructured to run as fast as the hardware
-allows.
+"""PPO for continuous control (MuJoCo through envpool, HalfCheetah-v4), made to run as fast as the hardware allows.
 
 The algorithm, network, normalization and defaults of ppo_continuous_action.py (CleanRL's), cut LeanRL-style into
 units that torch.compile and CUDA graphs can wrap: `policy` (one rollout step), `normalize` (the observation
-statistics, torch tensors on the policy's device), `gae`, and `update` (one minibatch, optimizer step inside).
-An iteration is 2048 sequential single-env steps, then 320 minibatch updates of 64 samples: on a CPU every one of
-them costs its Python and dispatcher overhead, not its arithmetic, so the tricks here remove machinery:
+statistics, on the policy's device), `gae`, and `update` (one minibatch, optimizer step inside). An iteration is 2048
+sequential single-env steps, then 320 minibatch updates of 64 samples: on a CPU each costs its Python and dispatcher
+overhead, not its arithmetic, so the tricks here remove machinery (doc/continuous_control.md has the measurements):
 
-- a rollout step only samples, mean + std * noise, with the noise of the whole rollout drawn in one call and no
-  Distribution object; the log-probabilities and values come from one batched forward after the rollout;
-- the rollout policy is an inference copy of the agent sharing its storage, without autograd;
-- the env's outputs are staged in numpy and reach the buffers in one copy per iteration; the reward scaling's
-  running statistics are updated for the whole rollout at once (cumulative sums give the same numbers);
-- GAE runs its 2048-step recursion over numpy rows on the host (a torch loop dispatches ~12k tiny ops);
-- `update` takes its gradients with torch.func.grad and applies torch.optim's own functional Adam, so that
-  torch.compile turns forward, backward, clipping and the Adam step into one graph;
+- a rollout step only samples, with an inference copy of the agent; log-probabilities and values come afterwards,
+  from one batched forward (Agent.act);
+- the env's outputs are staged in numpy and reach the buffers once an iteration, the reward scaling too (rollout);
+- GAE recurses over numpy rows on the host (gae);
+- `update` is one compiled graph: torch.func.grad, clipping and torch.optim's functional Adam (update);
 - lr is a tensor changed in place (no recompilation), and once everything has compiled the guards are skipped.
-doc/continuous_control.md has the measurements behind each of these.
 
     python leanrl/ppo_continuous_action_torchcompile.py --compile               # CPU or GPU
     python leanrl/ppo_continuous_action_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the units
 """
 
 import contextlib
-import copy
 import functools
 import io
 import json
@@ -31,9 +25,7 @@ import math
 import os
 import platform
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -107,16 +99,6 @@ class Args:
 
     compile: bool = False
     """if toggled, wrap the policy, normalize and update units in torch.compile"""
-    compile_async: bool = False
-    """with --compile: train eagerly from the first step while the units compile (a subprocess fills Inductor's cache,
-    then a background thread compiles from it and warms up), then swap them in at an iteration boundary
-    (summary.json: compile_time, swap_iteration, time_to_compiled)"""
-    compile_cache_only: bool = False
-    """with --compile: compile the units and run them once on dummy inputs of this run's shapes, which fills Inductor's
-    on-disk cache, then exit without training (what --compile-async runs in a subprocess; also warms a cache by hand)"""
-    compile_swap_iteration: Optional[int] = None
-    """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
-    reproducible eager/compiled split); default: the first iteration boundary after it is done"""
     cudagraphs: bool = False
     """if toggled, wrap the policy, normalize and update units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     measure_burnin: int = 3
@@ -149,8 +131,22 @@ def parse_args() -> Args:
         raise
 
 
-def check_env_id(env_id: str):
-    family = envpool.registration.registry.specs.get(env_id, ("",))[0]
+def check_args(args: Args):
+    for name in ("total_timesteps", "learning_rate", "num_envs", "num_steps", "num_minibatches", "update_epochs",
+                 "num_threads"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
+             f"(num_envs x num_steps); pick a divisor of {batch_size}")
+    if args.total_timesteps < batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
+    if args.resume and not os.path.isfile(args.resume):
+        fail(f"--resume {args.resume}: no such file")
+    if args.capture_video:
+        fail("--capture-video is not supported: envpool renders no frames")
+    env_id, family = args.env_id, envpool.registration.registry.specs.get(args.env_id, ("",))[0]
     if family == "envpool.mujoco.gym":
         return
     if "atari" in family:
@@ -163,43 +159,10 @@ def check_env_id(env_id: str):
     fail(f"unknown env id {env_id!r}; this script takes envpool MuJoCo ids such as HalfCheetah-v4, Hopper-v4, Ant-v4")
 
 
-def check_args(args: Args):
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.learning_rate <= 0:
-        fail(f"--learning-rate must be positive, got {args.learning_rate}")
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
-             f"(num_envs x num_steps); pick a divisor of {batch_size}")
-    if args.total_timesteps < batch_size:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
-    if args.resume and not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
-    if args.num_threads <= 0:
-        fail(f"--num-threads must be positive, got {args.num_threads}")
-    if args.compile_async and not args.compile:
-        fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
-    if args.compile_cache_only and not args.compile:
-        fail("--compile-cache-only needs --compile")
-    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
-        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
-    if args.capture_video:
-        fail("--capture-video is not supported: envpool renders no frames")
-    check_env_id(args.env_id)
-
-
-def make_envs(args: Args, seed: int):
-    return envpool.make(args.env_id, env_type="gymnasium", num_envs=args.num_envs, seed=seed)
-
-
 def env_step(envs, action: np.ndarray):
-    """One step with CleanRL's (gymnasium's SAME_STEP) auto-reset: the observation after an episode's end is the
-    next episode's first. envpool resets an env on the step *after* its episode ended, ignoring that step's action and
-    returning reward 0 (checked on envpool 1.2.5): left alone, that dead step would enter the batch as a transition
-    the action did not cause. Resetting the ended envs right away (envpool's reset takes a subset of env ids) keeps
-    every stored transition real, at one extra env call per episode end."""
+    """One step with CleanRL's (gymnasium's SAME_STEP) auto-reset. envpool resets an env on the step *after* its episode
+    ended, ignoring that step's action, reward 0 (envpool 1.2.5): resetting the ended envs at once keeps that dead step,
+    a transition the action did not cause, out of the batch, at one extra env call per episode end."""
     obs, reward, terminated, truncated, _ = envs.step(action)
     done = terminated | truncated
     if done.any():
@@ -208,63 +171,31 @@ def env_step(envs, action: np.ndarray):
     return obs, reward, done
 
 
-class RunningMeanStd:
-    """Mean and (population) variance of everything seen so far, merged one batch at a time (Chan et al.'s parallel
-    update, exact for any batch size). Starts like gymnasium's: mean 0, var 1, with a weight of 1e-4 samples.
-    float64 tensors on the policy's device, updated in place: compiled code and CUDA graphs keep reading the same
-    storage. The count has shape (1,): torch 2.13's compiled code drops in-place writes to a 0-dim tensor it reads
-    from an object (they reach the tensor only in eager mode)."""
-
-    def __init__(self, shape, device):
-        f64 = dict(dtype=torch.float64, device=device)
-        self.mean, self.var, self.count = torch.zeros(shape, **f64), torch.ones(shape, **f64), torch.full((1,), 1e-4, **f64)
-
-    def update(self, x):
-        batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        delta = batch_mean - self.mean
-        total = self.count + batch_count
-        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total)
-        self.mean.add_(delta * batch_count / total)
-        self.count.copy_(total)
-
-    def update_sequence(self, x):
-        """The updates with x[0], x[1], ... one after the other, at once: returns the variance after each. The
-        statistics of a union are its count, sum and sum of squares; cumulative sums give them all, in float64."""
-        counts = self.count + x.shape[1] * torch.arange(1, x.shape[0] + 1, dtype=x.dtype, device=x.device)
-        sums = self.count * self.mean + x.sum(1).cumsum(0)
-        squares = self.count * (self.var + self.mean**2) + (x**2).sum(1).cumsum(0)
-        means = sums / counts
-        variances = squares / counts - means**2
-        self.mean.copy_(means[-1])
-        self.var.copy_(variances[-1])
-        self.count.copy_(counts[-1])
-        return variances
-
-    def state_dict(self):
-        return dict(mean=self.mean.cpu(), var=self.var.cpu(), count=self.count.cpu())
-
-    def load_state_dict(self, s):
-        for name in ("mean", "var", "count"):
-            getattr(self, name).copy_(s[name])
-
-
 class Normalizer:
     """CleanRL's NormalizeObservation + clip and NormalizeReward + clip, for all envs at once (one set of statistics,
-    updated with every env's values each step) and with episode ends handled: each env's discounted return starts
-    again from 0 when its episode ends, by termination or by time limit. (gymnasium's wrapper resets it only on
-    termination, and one step late, so on HalfCheetah, which only times out, it never resets.)
-    The statistics live on the policy's device; each env's discounted return accumulates on the host, in the
-    rollout, where the rewards arrive."""
+    updated with every env's values each step), each env's discounted return restarting from 0 when its episode ends
+    by termination or time limit (gymnasium's resets it only on termination, so on HalfCheetah never). The statistics
+    (mean, population variance, count; starting like gymnasium's at 0, 1, 1e-4) are float64 tensors on the policy's
+    device, updated in place: compiled code and CUDA graphs keep reading the same storage. The discounted returns
+    accumulate on the host, in the rollout, where the rewards arrive."""
 
     def __init__(self, num_envs: int, obs_dim: int, gamma: float, device, clip: float = 10.0, eps: float = 1e-8):
-        self.obs_rms, self.ret_rms = RunningMeanStd((obs_dim,), device), RunningMeanStd((), device)
+        f64 = dict(dtype=torch.float64, device=device)
+        # count of shape (1,): torch 2.13's compiled code drops in-place writes to a 0-dim tensor read from an object
+        self.obs_rms, self.ret_rms = (SimpleNamespace(mean=torch.zeros(dims, **f64), var=torch.ones(dims, **f64),
+                                                      count=torch.full((1,), 1e-4, **f64)) for dims in ((obs_dim,), ()))
         self.ret = np.zeros(num_envs)  # each env's discounted return so far in its episode
         self.gamma, self.clip, self.eps = gamma, clip, eps
 
     def obs(self, obs):
-        """Update the statistics with the observations the agent is about to see, then normalize them (float32)."""
-        self.obs_rms.update(obs)
-        return ((obs - self.obs_rms.mean) / (self.obs_rms.var + self.eps).sqrt()).clamp(-self.clip, self.clip).float()
+        """Merge the observations the agent is about to see into the statistics (Chan et al.'s parallel update), then
+        normalize them (float32)."""
+        s, n = self.obs_rms, obs.shape[0]
+        delta, total = obs.mean(0) - s.mean, s.count + n
+        s.var.copy_((s.var * s.count + obs.var(0, unbiased=False) * n + delta**2 * s.count * n / total) / total)
+        s.mean.add_(delta * n / total)
+        s.count.copy_(total)
+        return ((obs - s.mean) / (s.var + self.eps).sqrt()).clamp(-self.clip, self.clip).float()
 
     def discounted_return(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
         """One step of each env's discounted return (host, numpy): its value after this step's reward."""
@@ -274,17 +205,24 @@ class Normalizer:
         return out
 
     def rewards(self, rewards, returns):
-        """A rollout's rewards [steps, envs] scaled by the std of the discounted return, the statistics updated with
-        each step's returns in turn: what per-step scaling would give, in a few vectorized ops."""
-        var = self.ret_rms.update_sequence(returns.double())
+        """A rollout's rewards [steps, envs] scaled by the std of the discounted return, the statistics merged with
+        each step's returns in turn, at once: a union's count, sum and sum of squares are cumulative sums (float64)."""
+        s, x = self.ret_rms, returns.double()
+        counts = s.count + x.shape[1] * torch.arange(1, x.shape[0] + 1, dtype=x.dtype, device=x.device)
+        means = (s.count * s.mean + x.sum(1).cumsum(0)) / counts
+        var = (s.count * (s.var + s.mean**2) + (x**2).sum(1).cumsum(0)) / counts - means**2
+        s.mean.copy_(means[-1])
+        s.var.copy_(var[-1])
+        s.count.copy_(counts[-1])
         return (rewards / (var + self.eps).sqrt().unsqueeze(1)).clamp(-self.clip, self.clip).float()
 
     def state_dict(self):
-        return dict(obs_rms=self.obs_rms.state_dict(), ret_rms=self.ret_rms.state_dict())
+        return {name: {k: v.cpu() for k, v in vars(getattr(self, name)).items()} for name in ("obs_rms", "ret_rms")}
 
-    def load_state_dict(self, s):
-        self.obs_rms.load_state_dict(s["obs_rms"])
-        self.ret_rms.load_state_dict(s["ret_rms"])
+    def load_state_dict(self, state):
+        for name in ("obs_rms", "ret_rms"):
+            for k, v in vars(getattr(self, name)).items():
+                v.copy_(state[name][k])
 
 
 class EpisodeStats:
@@ -332,14 +270,11 @@ class Agent(nn.Module):
         return self.critic(x).squeeze(-1)
 
     def rollout_noise(self, shape, rng: torch.Generator):
-        """The exploration noise of a whole rollout, std * N(0, 1), drawn in one call: the parameters do not change
-        during a rollout, so a step only adds it to the mean."""
+        """A rollout's exploration noise, std * N(0, 1), in one call: the parameters are fixed during a rollout."""
         return self.actor_logstd.exp() * torch.randn(shape, device=self.actor_logstd.device, generator=rng)
 
     def act(self, x, noise):
-        """One rollout step: a sample of Normal(mean, std) as mean + std * N(0, 1). Acting needs nothing else: the
-        rollout's log-probabilities and values come from one batched forward afterwards (same parameters, so the
-        same numbers)."""
+        """One rollout step, a sample of Normal(mean, std), nothing else: log-probs and values come afterwards."""
         return self.actor_mean(x) + noise
 
     def forward(self, x, action):
@@ -353,9 +288,8 @@ class Agent(nn.Module):
 
 
 def rollout(envs, policy, normalize, normalizer, next_obs, next_done, buf, stats, noise, action_bounds):
-    """num_steps steps of every env into `buf`; returns the last (normalized) obs and done, and the time split.
-    The env's outputs are staged in numpy and the obs and actions in lists, and each reaches `buf` in one copy per
-    iteration: per step that is a few numpy writes instead of several tensor ops."""
+    """num_steps steps of every env into `buf`; returns the last (normalized) obs and done, and the time split. Env
+    outputs are staged in numpy, obs and actions in lists, each reaching `buf` in one copy an iteration."""
     num_steps, device = buf["obs"].shape[0], buf["obs"].device
     dones, rewards = np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
     returns = np.empty(buf["rewards"].shape)
@@ -384,10 +318,8 @@ def rollout(envs, policy, normalize, normalizer, next_obs, next_done, buf, stats
 
 
 def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda: float):
-    """Generalized advantage estimation, CleanRL's recursion. The deltas and discounts are computed at once in torch;
-    the 2048-step recursion itself runs over numpy rows on the host (~2 us a step): as a loop of torch ops it costs
-    ~12k op dispatches (~50 ms an iteration), and torch.compile would unroll it into a graph that takes minutes to
-    build."""
+    """CleanRL's GAE: deltas and discounts at once in torch, the recursion over numpy rows on the host (~2 us a step);
+    a loop of torch ops costs ~12k dispatches (~50 ms an iteration), and torch.compile takes minutes to unroll it."""
     nextnonterminal = 1.0 - torch.cat([dones[1:], next_done.unsqueeze(0)])
     nextvalues = torch.cat([values[1:], next_value.unsqueeze(0)])
     deltas = (rewards + gamma * nextvalues * nextnonterminal - values).cpu().numpy()
@@ -420,9 +352,8 @@ def ppo_loss(params, agent, args, obs, actions, logprobs, advantages, returns, v
 
 
 def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, returns, values, inds):
-    """One minibatch step. Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm].
-    Gradients from torch.func.grad and the step from torch.optim's functional Adam, on the optimizer's own state:
-    compiled, this whole function is one graph (loss.backward() and optimizer.step() would each break it)."""
+    """One minibatch step; returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm]. torch.func.grad and
+    torch.optim's functional Adam on the optimizer's state: compiled, one graph (backward(), step() would break it)."""
     params = {name: p.detach() for name, p in agent.named_parameters()}
     grads, stats = torch.func.grad(ppo_loss, has_aux=True)(
         params, agent, args, obs[inds], actions[inds], logprobs[inds], advantages[inds], returns[inds], values[inds])
@@ -449,103 +380,29 @@ def make_optimizer(agent, lr, capturable: bool):
     return optimizer
 
 
-def make_units(agent, agent_inference, normalizer, args, device, compiled: bool):
-    """The training state around `agent` (optimizer, lr, observation normalizer) and the units the loop calls,
-    compiled if `compiled`. `agent_inference` becomes the rollout's copy: same storage, plain tensors without
-    requires_grad."""
+def make_units(n_obs: int, n_actions: int, args, device):
+    """The agent, its training state (optimizer, lr, normalizer) and the units the loop calls, compiled with --compile,
+    in CUDA graphs with --cudagraphs. The rollout acts with an inference copy of the agent: same storage, no grad."""
+    agent, agent_inference = Agent(n_obs, n_actions).to(device), Agent(n_obs, n_actions).to(device)
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    normalizer = Normalizer(args.num_envs, n_obs, args.gamma, device)
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
     optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
     u = SimpleNamespace(agent=agent, optimizer=optimizer, lr=lr, normalizer=normalizer, normalize=normalizer.obs,
                         policy=agent_inference.act, rollout_noise=agent_inference.rollout_noise,
                         evaluate=agent_inference.forward, get_value=agent_inference.get_value,
                         update=functools.partial(update, agent, optimizer, lr, args))
-    if compiled:
-        # compile only what pays back its compile time: the per-step normalizer (~80 -> ~40 us a call on a CPU) and
-        # the 320 updates of an iteration. On a CPU the policy step stays eager: compiled it costs more (~90 vs ~45
-        # us); evaluate and get_value run once an iteration and would save less than a millisecond.
-        if device.type == "cuda":
-            u.policy = torch.compile(u.policy)
-            u.evaluate = torch.compile(u.evaluate)
-            u.get_value = torch.compile(u.get_value)
-        u.normalize = torch.compile(u.normalize)
-        u.update = torch.compile(u.update)
+    if args.compile:
+        # on a CPU only what pays back its compile time: the per-step normalizer (~80 -> ~40 us) and the 320 updates an
+        # iteration; the policy step is slower compiled (~90 vs ~45 us), evaluate/get_value run once (save < 1 ms).
+        # Default options: on CUDA max_autotune autotunes Triton GEMMs for minutes on tiny layers (CPU: not measured)
+        cuda_only = ("policy", "evaluate", "get_value") if device.type == "cuda" else ()
+        for name in cuda_only + ("normalize", "update"):
+            setattr(u, name, torch.compile(getattr(u, name)))
+    if args.cudagraphs:
+        for name in ("policy", "normalize", "evaluate", "get_value", "update"):
+            setattr(u, name, CudaGraphModule(getattr(u, name)))
     return u
-
-
-def add_cudagraphs(u):
-    for name in ("policy", "normalize", "evaluate", "get_value", "update"):
-        setattr(u, name, CudaGraphModule(getattr(u, name)))
-
-
-def warm_up(u, args, device, n_obs: int, n_actions: int):
-    """Call every unit on dummy inputs of the loop's shapes and layouts, so that each compiles now. Zeros only: no
-    random numbers are drawn, so the training run's random stream is the same as without --compile-async."""
-    T, N = args.num_steps, args.num_envs
-    obs, actions = torch.zeros(T, N, n_obs, device=device), torch.zeros(T, N, n_actions, device=device)
-    zeros = torch.zeros(T, N, device=device)
-    u.normalize(torch.zeros(N, n_obs, dtype=torch.float64, device=device))
-    u.policy(obs[0], actions[0])
-    logprobs, _, values = u.evaluate(obs, actions)
-    advantages, returns = gae(u.get_value(obs[0]), zeros[0], zeros, zeros, values, args.gamma, args.gae_lambda)
-    batch = [x.flatten(0, 1) for x in (obs, actions, logprobs, advantages, returns, values)]
-    for inds in torch.arange(args.batch_size, device=device).view(args.num_minibatches, -1):
-        u.update(*batch, inds)
-    return u
-
-
-def fill_compile_cache(log_dir: str):
-    """--compile-async, first stage: this same command with --compile-cache-only, in a subprocess with one compile
-    thread. The costly part (tracing, Inductor's code generation and C++ builds, autotuning) then runs in another
-    interpreter, off the training loop's GIL and core, and the compile in this process comes from Inductor's on-disk
-    cache. A run that ends first leaves it to finish, so the next run starts warm."""
-    with open(os.path.join(log_dir, "compile_async.log"), "w") as log:
-        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
-                                  "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
-                                 stdout=log, stderr=log)
-        if child.wait():
-            raise RuntimeError(f"the compile subprocess exited {child.returncode}; see {log.name}")
-
-
-class BackgroundCompile:
-    """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
-    trains eagerly. A failure in the thread is raised in the loop by result()."""
-
-    def __init__(self, build):
-        self.units = self.error = self.seconds = None
-        self.thread = threading.Thread(target=self.run, args=(build,), daemon=True)  # Ctrl-C does not wait for it
-        self.thread.start()
-
-    def run(self, build):
-        t0 = time.perf_counter()
-        try:
-            self.units = build()
-        except Exception as e:
-            self.error = e
-        self.seconds = time.perf_counter() - t0
-
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise RuntimeError("the background compile failed") from self.error
-        return self.units
-
-
-def load_units(dst, src):
-    """Copy the training state of units `src` into units `dst` in place (the compiled code keeps the tensors it was
-    traced with): parameters, Adam's moments and step counts, lr, the normalizer. Exact copies: the swap changes no
-    result."""
-    with torch.no_grad():
-        for p, q in zip(src.agent.parameters(), dst.agent.parameters()):
-            q.copy_(p)
-            for key, value in src.optimizer.state[p].items():
-                dst.optimizer.state[q][key].copy_(value)
-        dst.lr.copy_(src.lr)
-    dst.normalizer.load_state_dict(src.normalizer.state_dict())
-    dst.normalizer.ret = src.normalizer.ret.copy()
 
 
 def machine_info(device: torch.device) -> dict:
@@ -558,25 +415,22 @@ def machine_info(device: torch.device) -> dict:
 
 
 class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once."""
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
+    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
 
     def __init__(self):
-        self.set = False
+        self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
+        if not self.iterated:
+            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
+            os._exit(130)
         if self.set:
             raise KeyboardInterrupt
         self.set = True
         print("\nstopping after this iteration (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr)
-
-
-def save_checkpoint(path: str, payload: dict):
-    tmp = path + ".tmp"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)  # atomic: a crash mid-write never leaves a truncated agent.pt
 
 
 def load_checkpoint(args: Args) -> dict:
@@ -595,7 +449,6 @@ def load_checkpoint(args: Args) -> dict:
 def main(args: Args):
     check_args(args)
     args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
     script = os.path.basename(__file__)[: -len(".py")]
     log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
@@ -610,33 +463,14 @@ def main(args: Args):
         args.cudagraphs = False
 
     ckpt = load_checkpoint(args) if args.resume else None
-    envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
+    envs = envpool.make(args.env_id, env_type="gymnasium", num_envs=args.num_envs,
+                        seed=args.seed + (ckpt["global_step"] if ckpt else 0))  # a resumed run: new episodes
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
-    # global generator after compiling each function, and with --compile-async that happens in another thread,
-    # mid-rollout, which would replay numbers the loop already drew
+    # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed)
     n_obs, n_actions = envs.observation_space.shape[0], envs.action_space.shape[0]
     action_bounds = (envs.action_space.low, envs.action_space.high)
-    agent = Agent(n_obs, n_actions).to(device)
-    if args.compile_cache_only:  # see fill_compile_cache
-        normalizer = Normalizer(args.num_envs, n_obs, args.gamma, device)
-        warm_up(make_units(agent, Agent(n_obs, n_actions).to(device), normalizer, args, device, True), args, device,
-                n_obs, n_actions)
-        return envs.close()
-    u = make_units(agent, Agent(n_obs, n_actions).to(device), Normalizer(args.num_envs, n_obs, args.gamma, device),
-                   args, device, args.compile and not args.compile_async)
-    if args.cudagraphs and not args.compile_async:
-        add_cudagraphs(u)
-    pending = None
-    if args.compile_async:  # a second set of units on copies of the agent, compiled off the critical path
-        twin, twin_normalizer = copy.deepcopy(agent), copy.deepcopy(u.normalizer)
-
-        def build():
-            fill_compile_cache(log_dir)
-            return warm_up(make_units(twin, copy.deepcopy(twin), twin_normalizer, args, device, True), args, device,
-                           n_obs, n_actions)
-
-        pending = BackgroundCompile(build)
+    u = make_units(n_obs, n_actions, args, device)
 
     shape = (args.num_steps, args.num_envs)
     buf = dict(obs=torch.zeros(shape + (n_obs,), device=device), actions=torch.zeros(shape + (n_actions,), device=device),
@@ -651,14 +485,14 @@ def main(args: Args):
         rng.set_state(ckpt["rng"])
         stats.returns.extend(ckpt["returns"].tolist())
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-    next_obs = u.normalize(torch.from_numpy(envs.reset()[0]).to(device))
-    next_done = np.zeros(args.num_envs, dtype=bool)
 
     def checkpoint(iteration):
-        save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), normalizer=u.normalizer.state_dict(),
-            args=asdict(args), iteration=iteration, global_step=global_step, rng=rng.get_state(),
-            returns=torch.tensor(list(stats.returns), dtype=torch.float64)))
+        path = os.path.join(log_dir, "agent.pt")
+        torch.save(dict(agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(),
+                        normalizer=u.normalizer.state_dict(), args=asdict(args), iteration=iteration,
+                        global_step=global_step, rng=rng.get_state(),
+                        returns=torch.tensor(list(stats.returns), dtype=torch.float64)), path + ".tmp")
+        os.replace(path + ".tmp", path)  # atomic: a crash mid-write never leaves a truncated agent.pt
 
     run = None
     if args.track:
@@ -669,21 +503,16 @@ def main(args: Args):
     metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
+    if args.compile:  # the first iteration compiles: say so, or a first run looks stuck
+        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.set_description("compiling")
+    next_obs = u.normalize(torch.from_numpy(envs.reset()[0]).to(device))  # with --compile, normalize compiles here
+    next_done = np.zeros(args.num_envs, dtype=bool)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
-    compiled_from = start_iteration if args.compile and not args.compile_async else None
-    swap_iteration = time_to_compiled = compile_time = None
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
-            swap_at = args.compile_swap_iteration
-            if pending and (iteration >= swap_at if swap_at else pending.done()):
-                compiled, compile_time = pending.result(), pending.seconds
-                load_units(compiled, u)
-                if args.cudagraphs:
-                    add_cudagraphs(compiled)
-                u, pending, compiled_from, swap_iteration = compiled, None, iteration, iteration
-                bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)",
-                          file=sys.stderr)
             if args.anneal_lr:
                 u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
 
@@ -697,9 +526,8 @@ def main(args: Args):
             logprobs, _, values = u.evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
             buf["logprobs"].copy_(logprobs)
             buf["values"].copy_(values)
-            last_done = torch.from_numpy(next_done).to(device).float()
-            advantages, returns = gae(u.get_value(next_obs), last_done, buf["rewards"], buf["dones"], buf["values"],
-                                      args.gamma, args.gae_lambda)
+            advantages, returns = gae(u.get_value(next_obs), torch.from_numpy(next_done).to(device).float(),
+                                      buf["rewards"], buf["dones"], buf["values"], args.gamma, args.gae_lambda)
             t_gae = time.perf_counter() - t0
 
             t0 = time.perf_counter()
@@ -724,7 +552,7 @@ def main(args: Args):
                 fps = (global_step - measure_from[1]) / (now - measure_from[0])
             row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
                        episodic_return=stats.mean_return(), t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
-                       t_gae=t_gae, t_update=t_update, lr=u.lr.item(), compiled=compiled_from is not None,
+                       t_gae=t_gae, t_update=t_update, lr=u.lr.item(),
                        **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"),
                                   stats_buf[:n].mean(0).tolist())))  # the one host sync of the iteration
             metrics.write(json.dumps(row) + "\n")
@@ -732,10 +560,11 @@ def main(args: Args):
                 run.log(row, step=global_step)
             bar.update(args.batch_size)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if iteration == compiled_from:
+            if args.compile and iteration == start_iteration:
                 # every unit has compiled and nothing its guards check can change any more: stop checking them
                 torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-                time_to_compiled = now - start
+                bar.set_description("")
+            stop.iterated = True
             if stop.set:
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -751,11 +580,8 @@ def main(args: Args):
     steady = iter_times[args.measure_burnin:]
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
-                   wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
-                   final_return=stats.mean_return(),
-                   compile_time=compile_time if args.compile_async else
-                   iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   swap_iteration=swap_iteration, time_to_compiled=time_to_compiled,
+                   wall_time=time.perf_counter() - start, fps=fps if measure_from else None, final_return=stats.mean_return(),
+                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
                    interrupted=stop.set)
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -764,12 +590,6 @@ def main(args: Args):
         run.finish()
     print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
           f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
-    if pending is not None:
-        # the run ended before the background compile did: a compiling thread cannot be stopped, and shutting the
-        # interpreter down under it aborts, so leave without waiting (logs, summary and checkpoint are written)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130 if stop.set else 0)
     if stop.set:
         sys.exit(130)
 
