@@ -1,16 +1,13 @@
 """PPO on Atari through envpool (Breakout-v5) that acts with a reduced-precision copy of the Nature CNN.
 
-ppo_atari_envpool_torchcompile.py plus one trick: the rollout's policy is a low-precision copy of the agent, rebuilt
-from the trained fp32 weights every `--quant-every` iterations (with `--quant-async` in a background thread while the
-rollouts go on), while the update trains the fp32 agent. On a CPU the copy's trunk is int8 (`--quant-method int8`):
-PyTorch's eager static quantization on the x86 engine (fbgemm/oneDNN VNNI kernels), convolutions and the 3136x512
-layer fused with their ReLUs, activation ranges calibrated on the latest observations. Its rebuild is eager
-(observe one batch, convert: ~0.1 s), where PT2E static int8 (X86InductorQuantizer) runs as fast but needs a
-re-export and an Inductor recompile per rebuild (seconds), and torchao's int8 tensors cover Linear layers only.
-On CUDA (those int8 kernels are CPU-only) the copy's trunk holds bf16 weights (`--quant-method bf16`, also the
-fallback for CPUs without the x86 engine). doc/quantized.md has the measurements. The data come from a behaviour
-policy that is not the trained one, so the stored log-probabilities are those of the copy that acted and the
-update's ratio is a true importance ratio.
+ppo_atari_envpool_torchcompile.py plus one trick: the rollout acts with a low-precision copy of the agent, rebuilt
+from the trained fp32 weights every `--quant-every` iterations (`--quant-async`: in a background thread), while the
+update trains the fp32 agent; the stored log-probabilities are the copy's, so the update's ratio is a true importance
+ratio. On a CPU the copy's trunk is int8 (`--quant-method int8`): PyTorch's eager static quantization on the x86
+engine (fbgemm/oneDNN VNNI kernels), convolutions and the 3136x512 layer fused with their ReLUs, activation ranges
+calibrated on recent frames, rebuilt eagerly in ~0.1 s (PT2E's int8 runs as fast but recompiles at every rebuild;
+torchao's int8 covers Linear layers only). On CUDA, or a CPU without the x86 engine, the trunk holds bf16 weights
+(`--quant-method bf16`). doc/quantized.md has the measurements.
 
 The base script's notes follow.
 
@@ -36,6 +33,7 @@ import platform
 import signal
 import sys
 import time
+import timeit
 import warnings
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -310,29 +308,25 @@ def quantize_policy(agent: Agent, obs, method: str, calib_obs=None) -> Agent:
 
 
 class Requantizer:
-    """Keeps the rollout policy fresh. At an iteration boundary where a rebuild is due, the trained agent is copied
-    (a snapshot: the update goes on changing it) and converted, in the loop or, with --quant-async, in a background
-    thread whose result is swapped in at the next boundary, so the rebuild leaves the critical path.
-    t_quant is the rebuild's own time, t_swap what the loop spent on it (sync: the rebuild; async: the wait)."""
+    """Keeps the rollout policy fresh: at a boundary where a rebuild is due, the trained agent is copied (the update
+    goes on changing it) and converted, in line or (--quant-async) in a background thread, acting from the next
+    boundary on. t_quant: the rebuild's time; t_swap: the loop's (sync: the rebuild; async: the wait)."""
 
     def __init__(self, agent: Agent, method: str, every: int, background: bool):
         self.agent, self.method, self.every = agent, method, every
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="quantize") if background else None
-        self.current, self.pending, self.t_quant = None, None, None
+        self.current = self.pending = self.t_quant = None
 
     def build(self, snapshot, obs, calib_obs):
         t0 = time.perf_counter()
-        quantized = quantize_policy(snapshot, obs, self.method, calib_obs)
-        return quantized, time.perf_counter() - t0
+        return quantize_policy(snapshot, obs, self.method, calib_obs), time.perf_counter() - t0
 
     def refresh(self, age: int, obs, rollout_obs):
         """Call at the start of every iteration; `age` counts the iterations of this run so far, `obs` are the frames
         the next step acts on, `rollout_obs` the last rollout's. Returns t_swap."""
-        t0 = time.perf_counter()
-        self.t_quant = None
+        t0, self.t_quant = time.perf_counter(), None
         if self.pending is not None:
-            self.current, self.t_quant = self.pending.result()
-            self.pending = None
+            (self.current, self.t_quant), self.pending = self.pending.result(), None
         if age % self.every == 0:
             # registered Parameters (an inference copy's plain tensors would be invisible to .to() and state_dict)
             snapshot = copy.deepcopy(self.agent)
@@ -359,16 +353,8 @@ def policy_bytes(module: nn.Module) -> int:
 
 
 def forward_latency(policy, x, gumbel, reps: int = 30) -> float:
-    """Seconds per call of one rollout step of `policy`, median of 5 rounds after a warm-up."""
-    for _ in range(5):
-        policy(x, gumbel)
-    rounds = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            policy(x, gumbel)
-        rounds.append((time.perf_counter() - t0) / reps)
-    return float(np.median(rounds))
+    """Seconds per call of one rollout step of `policy`: the median of 5 rounds after a warm-up round."""
+    return float(np.median(timeit.repeat(lambda: policy(x, gumbel), number=reps, repeat=6)[1:])) / reps
 
 
 def policy(agent: Agent, obs, gumbel):
