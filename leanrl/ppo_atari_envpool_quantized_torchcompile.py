@@ -25,6 +25,7 @@ policy holds no random op.
 """
 
 import contextlib
+import copy
 import io
 import json
 import os
