@@ -15,8 +15,8 @@ from conftest import assert_rejected, load_script, read_metrics, read_summary, r
 
 CLASSIC, ATARI = "ppo_quantized_torchcompile.py", "ppo_atari_envpool_quantized_torchcompile.py"
 # (script, extra flags): each script once compiled and once eager with --cudagraphs (ignored on CPU); a third Atari
-# run acts with the bf16 copy
-RUNS = [(CLASSIC, ("--compile", "--quant-async")), (CLASSIC, ("--cudagraphs", "--quant-every", "2")),
+# run acts with the bf16 copy; the classic compiled run also writes a checkpoint
+RUNS = [(CLASSIC, ("--compile", "--quant-async", "--save-model")), (CLASSIC, ("--cudagraphs", "--quant-every", "2")),
         (ATARI, ("--cudagraphs", "--quant-async")), (ATARI, ("--compile", "--quant-async")),
         (ATARI, ("--quant-method", "bf16", "--quant-every", "2"))]
 QUANT_FIELDS = ("quant_method", "quant_every", "quant_async", "policy_bytes_fp32", "policy_bytes_quant",
@@ -65,6 +65,8 @@ def test_smoke(smoke, script, flags):
     assert (summary["compile_time"] is not None) == ("--compile" in flags)
     said = [ln for ln in proc.stderr.splitlines() if "--cudagraphs" in ln]
     assert len(said) == ("--cudagraphs" in flags) and all("ignored" in ln for ln in said), proc.stderr
+    if "--save-model" in flags:  # with the loop's own generator, for --resume
+        assert "rng" in torch.load(log_dir / "agent.pt", weights_only=True)
 
 
 def kl(logp, logq):
