@@ -1,16 +1,13 @@
 """PPO on Atari through envpool (Breakout-v5) that acts with a reduced-precision copy of the Nature CNN.
 
-ppo_atari_envpool_torchcompile.py plus one trick: the rollout's policy is a low-precision copy of the agent, rebuilt
-from the trained fp32 weights every `--quant-every` iterations (with `--quant-async` in a background thread while the
-rollouts go on), while the update trains the fp32 agent. On a CPU the copy's trunk is int8 (`--quant-method int8`):
-PyTorch's eager static quantization on the x86 engine (fbgemm/oneDNN VNNI kernels), convolutions and the 3136x512
-layer fused with their ReLUs, activation ranges calibrated on the latest observations. Its rebuild is eager
-(observe one batch, convert: ~0.1 s), where PT2E static int8 (X86InductorQuantizer) runs as fast but needs a
-re-export and an Inductor recompile per rebuild (seconds), and torchao's int8 tensors cover Linear layers only.
-On CUDA (those int8 kernels are CPU-only) the copy's trunk holds bf16 weights (`--quant-method bf16`, also the
-fallback for CPUs without the x86 engine). doc/quantized.md has the measurements. The data come from a behaviour
-policy that is not the trained one, so the stored log-probabilities are those of the copy that acted and the
-update's ratio is a true importance ratio.
+ppo_atari_envpool_torchcompile.py plus one trick: the rollout acts with a low-precision copy of the agent, rebuilt
+from the trained fp32 weights every `--quant-every` iterations (`--quant-async`: in a background thread), while the
+update trains the fp32 agent; the stored log-probabilities are the copy's, so the update's ratio is a true importance
+ratio. On a CPU the copy's trunk is int8 (`--quant-method int8`): PyTorch's eager static quantization on the x86
+engine (fbgemm/oneDNN VNNI kernels), convolutions and the 3136x512 layer fused with their ReLUs, activation ranges
+calibrated on recent frames, rebuilt eagerly in ~0.1 s (PT2E's int8 runs as fast but recompiles at every rebuild;
+torchao's int8 covers Linear layers only). On CUDA, or a CPU without the x86 engine, the trunk holds bf16 weights
+(`--quant-method bf16`). doc/quantized.md has the measurements.
 
 The base script's notes follow.
 
@@ -21,7 +18,7 @@ in tensordict's CudaGraphModule. Observations are stored as uint8. `--bf16` runs
 autocast where the hardware has native bfloat16 (AVX512-BF16/AMX CPUs): the update's cost halves, the losses,
 log-prob ratios and value targets stay fp32; it is opt-in because on Breakout it learned slower (doc/atari.md).
 The policy samples by Gumbel-max from noise the loop draws with its own generator, so the compiled and graphed
-policy holds no random op, and `--compile-async` (README) can compile it in the background.
+policy holds no random op.
 
     python leanrl/ppo_atari_envpool_quantized_torchcompile.py --compile                 # CPU or GPU
     python leanrl/ppo_atari_envpool_quantized_torchcompile.py --compile --quant-async   # rebuild off the critical path
@@ -34,10 +31,9 @@ import json
 import os
 import platform
 import signal
-import subprocess
 import sys
-import threading
 import time
+import timeit
 import warnings
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -113,16 +109,6 @@ class Args:
 
     compile: bool = False
     """if toggled, wrap policy, gae and update in torch.compile"""
-    compile_async: bool = False
-    """with --compile: train eagerly from the first step while the units compile (a subprocess fills Inductor's cache,
-    then a background thread compiles from it and warms up), then swap them in at an iteration boundary
-    (summary.json: compile_time, swap_iteration, time_to_compiled)"""
-    compile_cache_only: bool = False
-    """with --compile: compile the units and run them once on dummy inputs of this run's shapes, which fills Inductor's
-    on-disk cache, then exit without training (what --compile-async runs in a subprocess; also warms a cache by hand)"""
-    compile_swap_iteration: Optional[int] = None
-    """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
-    reproducible eager/compiled split); default: the first iteration boundary after it is done"""
     cudagraphs: bool = False
     """if toggled, wrap policy, gae and update in tensordict's CudaGraphModule (CUDA only; ignored on CPU)"""
     bf16: bool = False
@@ -191,12 +177,6 @@ def check_args(args: Args):
         fail(f"--resume {args.resume}: no such file")
     if args.num_threads <= 0:
         fail(f"--num-threads must be positive, got {args.num_threads}")
-    if args.compile_async and not args.compile:
-        fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
-    if args.compile_cache_only and not args.compile:
-        fail("--compile-cache-only needs --compile")
-    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
-        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
     if args.quant_every <= 0:
         fail(f"--quant-every must be positive, got {args.quant_every}")
     if args.capture_video:
@@ -328,29 +308,25 @@ def quantize_policy(agent: Agent, obs, method: str, calib_obs=None) -> Agent:
 
 
 class Requantizer:
-    """Keeps the rollout policy fresh. At an iteration boundary where a rebuild is due, the trained agent is copied
-    (a snapshot: the update goes on changing it) and converted, in the loop or, with --quant-async, in a background
-    thread whose result is swapped in at the next boundary, so the rebuild leaves the critical path.
-    t_quant is the rebuild's own time, t_swap what the loop spent on it (sync: the rebuild; async: the wait)."""
+    """Keeps the rollout policy fresh: at a boundary where a rebuild is due, the trained agent is copied (the update
+    goes on changing it) and converted, in line or (--quant-async) in a background thread, acting from the next
+    boundary on. t_quant: the rebuild's time; t_swap: the loop's (sync: the rebuild; async: the wait)."""
 
     def __init__(self, agent: Agent, method: str, every: int, background: bool):
         self.agent, self.method, self.every = agent, method, every
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="quantize") if background else None
-        self.current, self.pending, self.t_quant = None, None, None
+        self.current = self.pending = self.t_quant = None
 
     def build(self, snapshot, obs, calib_obs):
         t0 = time.perf_counter()
-        quantized = quantize_policy(snapshot, obs, self.method, calib_obs)
-        return quantized, time.perf_counter() - t0
+        return quantize_policy(snapshot, obs, self.method, calib_obs), time.perf_counter() - t0
 
     def refresh(self, age: int, obs, rollout_obs):
         """Call at the start of every iteration; `age` counts the iterations of this run so far, `obs` are the frames
         the next step acts on, `rollout_obs` the last rollout's. Returns t_swap."""
-        t0 = time.perf_counter()
-        self.t_quant = None
+        t0, self.t_quant = time.perf_counter(), None
         if self.pending is not None:
-            self.current, self.t_quant = self.pending.result()
-            self.pending = None
+            (self.current, self.t_quant), self.pending = self.pending.result(), None
         if age % self.every == 0:
             # registered Parameters (an inference copy's plain tensors would be invisible to .to() and state_dict)
             snapshot = copy.deepcopy(self.agent)
@@ -377,16 +353,8 @@ def policy_bytes(module: nn.Module) -> int:
 
 
 def forward_latency(policy, x, gumbel, reps: int = 30) -> float:
-    """Seconds per call of one rollout step of `policy`, median of 5 rounds after a warm-up."""
-    for _ in range(5):
-        policy(x, gumbel)
-    rounds = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            policy(x, gumbel)
-        rounds.append((time.perf_counter() - t0) / reps)
-    return float(np.median(rounds))
+    """Seconds per call of one rollout step of `policy`: the median of 5 rounds after a warm-up round."""
+    return float(np.median(timeit.repeat(lambda: policy(x, gumbel), number=reps, repeat=6)[1:])) / reps
 
 
 def policy(agent: Agent, obs, gumbel):
@@ -480,80 +448,8 @@ def make_units(agent: Agent, agent_inference: Agent, args: Args, device, compile
 
 
 def add_cudagraphs(u):
-    # the rollout policy stays out of CUDA graphs: a graph replays the tensors it captured, and every rebuild makes
-    # new ones
+    # the rollout policy stays out of CUDA graphs: a graph replays the tensors it captured; every rebuild makes new ones
     u.advantage, u.learn = CudaGraphModule(u.advantage), CudaGraphModule(u.learn)
-
-
-def warm_up(u, args: Args, device, obs_shape, n_actions: int):
-    """Call every unit on dummy inputs of the loop's shapes (zeros), so that each compiles now. No random numbers are
-    drawn: the policy samples with the noise it is given. Every input is a tensor of its own, as in the loop: Dynamo
-    specializes a graph on two inputs being the same tensor, and would compile again in the loop."""
-    T, N = args.num_steps, args.num_envs
-    obs = torch.zeros((N,) + obs_shape, dtype=torch.uint8, device=device)
-    # a throwaway low-precision copy, only to run with: the policy step takes the loop's current copy as an argument
-    qagent = quantize_policy(copy.deepcopy(u.agent), obs, args.quant_method)
-    u.act(qagent, obs, torch.zeros(N, n_actions, device=device))
-    u.advantage(*[torch.zeros(N, device=device) for _ in range(2)],
-                *[torch.zeros(T, N, device=device) for _ in range(3)])
-    mb = args.minibatch_size
-    obs = torch.zeros((mb,) + obs_shape, dtype=torch.uint8, device=device)
-    actions = torch.zeros(mb, dtype=torch.long, device=device)
-    for _ in range(2):  # the first Adam step creates the optimizer's state, the second runs the steady graph
-        u.learn(obs, actions, *[torch.zeros(mb, device=device) for _ in range(4)])
-    return u
-
-
-def fill_compile_cache(log_dir: str):
-    """--compile-async, first stage: this same command with --compile-cache-only, in a subprocess with one compile
-    thread. The costly part (tracing, Inductor's code generation and C++ builds, autotuning) then runs in another
-    interpreter, off the training loop's GIL and core, and the compile in this process comes from Inductor's on-disk
-    cache. A run that ends first leaves it to finish, so the next run starts warm."""
-    with open(os.path.join(log_dir, "compile_async.log"), "w") as log:
-        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
-                                  "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
-                                 stdout=log, stderr=log)
-        if child.wait():
-            raise RuntimeError(f"the compile subprocess exited {child.returncode}; see {log.name}")
-
-
-class BackgroundCompile:
-    """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
-    trains eagerly. A failure in the thread is raised in the loop by result()."""
-
-    def __init__(self, build):
-        self.units = self.error = self.seconds = None
-        self.thread = threading.Thread(target=self.run, args=(build,), daemon=True)  # Ctrl-C does not wait for it
-        self.thread.start()
-
-    def run(self, build):
-        t0 = time.perf_counter()
-        try:
-            self.units = build()
-        except Exception as e:
-            self.error = e
-        self.seconds = time.perf_counter() - t0
-
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise RuntimeError("the background compile failed") from self.error
-        return self.units
-
-
-def load_units(dst, src):
-    """Copy the training state of units `src` into units `dst` in place (the compiled code keeps the tensors it was
-    traced with): parameters, Adam's moments, step counts and lr; no Adam state yet (no update so far) is zeros, as
-    Adam would create it. Exact copies: the swap changes no result."""
-    with torch.no_grad():
-        for p, q in zip(src.agent.parameters(), dst.agent.parameters()):
-            q.copy_(p)
-            for key, value in dst.optimizer.state[q].items():
-                value.copy_(src.optimizer.state[p][key]) if src.optimizer.state[p] else value.zero_()
-        dst.optimizer.param_groups[0]["lr"].copy_(src.optimizer.param_groups[0]["lr"])
 
 
 STAT_NAMES = ("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
@@ -590,15 +486,18 @@ def machine_info(device: torch.device) -> dict:
 
 
 class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once."""
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
+    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
 
     def __init__(self):
-        self.set = False
+        self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
+        if not self.iterated:
+            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
+            os._exit(130)
         if self.set:
             raise KeyboardInterrupt
         self.set = True
@@ -646,27 +545,12 @@ def main(args: Args):
     ckpt = load_checkpoint(args) if args.resume else None
     envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
-    # global generator after compiling each function, and with --compile-async that happens in another thread,
-    # mid-rollout, which would replay numbers the loop already drew
+    # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed)
     agent = Agent(envs.action_space.n, use_bf16).to(device)
-    if args.compile_cache_only:  # see fill_compile_cache
-        warm_up(make_units(agent, inference_copy(agent), args, device, True), args, device,
-                envs.observation_space.shape, envs.action_space.n)
-        return envs.close()
-    u = make_units(agent, inference_copy(agent), args, device, args.compile and not args.compile_async)
-    if args.cudagraphs and not args.compile_async:
+    u = make_units(agent, inference_copy(agent), args, device, args.compile)
+    if args.cudagraphs:
         add_cudagraphs(u)
-    pending = None
-    if args.compile_async:  # a second set of units on copies of the agent (deepcopy draws no random numbers)
-        twin = copy.deepcopy(agent)
-
-        def build():
-            fill_compile_cache(log_dir)
-            return warm_up(make_units(twin, copy.deepcopy(twin), args, device, True), args, device,
-                           envs.observation_space.shape, envs.action_space.n)
-
-        pending = BackgroundCompile(build)
 
     shape = (args.num_steps, args.num_envs)
     buf = TensorDict(obs=torch.zeros(shape + envs.observation_space.shape, dtype=torch.uint8),
@@ -704,22 +588,13 @@ def main(args: Args):
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
-    compiled_from = start_iteration if args.compile and not args.compile_async else None
-    swap_iteration = time_to_compiled = compile_time = None
+    if args.compile:  # the first iteration compiles: say so, or a first run looks stuck
+        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.set_description("compiling")
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
-            swap_at = args.compile_swap_iteration
-            if pending and (iteration >= swap_at if swap_at else pending.done()):
-                compiled, compile_time = pending.result(), pending.seconds
-                load_units(compiled, u)
-                if args.cudagraphs:
-                    add_cudagraphs(compiled)
-                u, pending, compiled_from, swap_iteration = compiled, None, iteration, iteration
-                # rebuilds now copy the compiled units' agent; the copy acting now came from the same weights
-                requant.agent = u.agent
-                bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)",
-                          file=sys.stderr)
             if args.anneal_lr:
                 lr = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
                 u.optimizer.param_groups[0]["lr"].copy_(lr)
@@ -766,15 +641,16 @@ def main(args: Args):
                        episodic_return=stats.mean_return(), episodic_length=stats.mean_length(),
                        t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
                        t_gae=t_gae, t_update=t_update, t_quant=requant.t_quant, t_swap=t_swap,
-                       lr=u.optimizer.param_groups[0]["lr"].item(), compiled=compiled_from is not None,
+                       lr=u.optimizer.param_groups[0]["lr"].item(),
                        **dict(zip(STAT_NAMES, losses)))
             metrics.write(json.dumps(row) + "\n")
             if run:
                 run.log(row, step=global_step)
             bar.update(args.batch_size)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if iteration == compiled_from:
-                time_to_compiled = now - start
+            if args.compile and iteration == start_iteration:
+                bar.set_description("")
+            stop.iterated = True
             if stop.set:
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -801,9 +677,7 @@ def main(args: Args):
                    num_threads=torch.get_num_threads(), bf16=use_bf16, total_timesteps=args.total_timesteps,
                    global_step=global_step, wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
                    final_return=stats.mean_return(),
-                   compile_time=compile_time if args.compile_async else
-                   iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   swap_iteration=swap_iteration, time_to_compiled=time_to_compiled,
+                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
                    interrupted=stop.set, **quant)
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -812,12 +686,6 @@ def main(args: Args):
         run.finish()
     print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
           f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
-    if pending is not None:
-        # the run ended before the background compile did: a compiling thread cannot be stopped, and shutting the
-        # interpreter down under it aborts, so leave without waiting (logs, summary and checkpoint are written)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130 if stop.set else 0)
     if stop.set:
         sys.exit(130)
 

@@ -1,14 +1,10 @@
 """PPO on discrete classic control (CartPole-v1) that acts with an int8 copy of the policy.
 
-ppo_torchcompile.py plus one trick: the rollout's policy is a quantized copy of the actor (int8 weights and int8
-activations, torchao's Int8DynamicActivationInt8WeightConfig: VNNI/AMX int8 GEMMs on x86, the int8 tensor-core
-GEMMs on CUDA), rebuilt from the trained fp32 weights every `--quant-every` iterations, and with `--quant-async` in a
-background thread while the rollouts go on. The update trains the fp32 agent, so the data come from a behaviour
-policy that is not the trained one: the stored log-probabilities are the quantized policy's (one batched forward of
-the copy that acted), and the update's ratio is a true importance ratio. `--hidden-dim` / `--hidden-depth` widen the
-MLP. What int8 can buy depends on the shape: a 64 x 2 policy costs only its call overhead, and at 4 envs even a
-512 x 512 layer's int8 GEMM is barely faster than fp32's on a CPU (18 vs 23 us); with many envs it is 8x
-(doc/quantized.md has the per-layer numbers).
+ppo_torchcompile.py plus one trick: the rollout acts with an int8 copy of the actor (torchao's
+Int8DynamicActivationInt8WeightConfig: int8 weights and activations, VNNI/AMX GEMMs on x86, int8 tensor cores on
+CUDA), rebuilt from the trained fp32 weights every `--quant-every` iterations (`--quant-async`: in a background
+thread). The update trains the fp32 agent; the stored log-probabilities are the copy's, so its ratio is a true
+importance ratio. `--hidden-dim` / `--hidden-depth` widen the MLP, where int8 can pay (doc/quantized.md).
 
 The base script's notes follow.
 
@@ -39,10 +35,9 @@ import logging
 import os
 import platform
 import signal
-import subprocess
 import sys
-import threading
 import time
+import timeit
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -122,7 +117,6 @@ class Args:
     """width of the actor's and the critic's hidden layers (CleanRL: 64)"""
     hidden_depth: int = 2
     """number of hidden layers of the actor and of the critic (CleanRL: 2)"""
-
     quant_every: int = 1
     """rebuild the int8 rollout policy from the trained fp32 weights every this many iterations"""
     quant_async: bool = False
@@ -130,16 +124,6 @@ class Args:
 
     compile: bool = False
     """if toggled, wrap the policy, gae and update units in torch.compile"""
-    compile_async: bool = False
-    """with --compile: train eagerly from the first step while the units compile (a subprocess fills Inductor's cache,
-    then a background thread compiles from it and warms up), then swap them in at an iteration boundary
-    (summary.json: compile_time, swap_iteration, time_to_compiled)"""
-    compile_cache_only: bool = False
-    """with --compile: compile the units and run them once on dummy inputs of this run's shapes, which fills Inductor's
-    on-disk cache, then exit without training (what --compile-async runs in a subprocess; also warms a cache by hand)"""
-    compile_swap_iteration: Optional[int] = None
-    """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
-    reproducible eager/compiled split); default: the first iteration boundary after it is done"""
     cudagraphs: bool = False
     """if toggled, wrap the policy, gae and update units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     measure_burnin: int = 3
@@ -190,7 +174,8 @@ def check_env_id(env_id: str):
 
 
 def check_args(args: Args):
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "hidden_dim",
+                 "hidden_depth", "quant_every"):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.learning_rate <= 0:
@@ -205,15 +190,6 @@ def check_args(args: Args):
         fail(f"--resume {args.resume}: no such file")
     if args.num_threads <= 0:
         fail(f"--num-threads must be positive, got {args.num_threads}")
-    if args.compile_async and not args.compile:
-        fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
-    if args.compile_cache_only and not args.compile:
-        fail("--compile-cache-only needs --compile")
-    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
-        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
-    for name in ("hidden_dim", "hidden_depth", "quant_every"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     check_env_id(args.env_id)
     if args.capture_video:
         try:
@@ -238,8 +214,7 @@ def make_envs(args: Args, video_dir: str):
     # copy=False hands back the env's own obs array (rollout copies it before the next step) instead of a deepcopy.
     return gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, args.capture_video, video_dir) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False,
-    )
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
 
 
 def env_parts(env):
@@ -276,10 +251,9 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 def mlp(n_in: int, n_out: int, out_std: float, width: int, depth: int) -> nn.Sequential:
-    layers = []
-    for i in range(depth):
-        layers += [layer_init(nn.Linear(n_in if i == 0 else width, width)), nn.Tanh()]
-    return nn.Sequential(*layers, layer_init(nn.Linear(width, n_out), std=out_std))
+    sizes = [n_in] + [width] * depth
+    hidden = [m for a, b in zip(sizes, sizes[1:]) for m in (layer_init(nn.Linear(a, b)), nn.Tanh())]
+    return nn.Sequential(*hidden, layer_init(nn.Linear(width, n_out), std=out_std))
 
 
 class Agent(nn.Module):
@@ -299,11 +273,10 @@ class Agent(nn.Module):
 
 
 def quantize_actor(actor: nn.Sequential, sample_obs) -> nn.Sequential:
-    """The rollout policy: `actor` (a fresh copy of the trained one) with every Linear turned into an int8 GEMM,
-    weights per output channel, activations per row at run time (so a row's result does not depend on the batch it
-    is in: the batched behaviour log-probs equal the per-step ones). torchao's tensor subclass: VNNI/AMX int8 on x86
-    through torch.compile, int8 tensor cores on CUDA. Eager it is ~25x slower than fp32 (one Python dispatch per
-    op), so --compile is what makes it pay. Returned after a warm-up forward, ready to act."""
+    """The rollout policy: `actor` (a fresh copy of the trained one) with every Linear an int8 GEMM, weights per
+    output channel, activations per row at run time (a row's result does not depend on its batch: the batched
+    behaviour log-probs equal the per-step ones). Eager, torchao's tensor subclass is ~25x slower than fp32 (one
+    Python dispatch per op): --compile makes it pay. Returned after a warm-up forward, ready to act."""
     quantize_(actor.requires_grad_(False), Int8DynamicActivationInt8WeightConfig())
     actor(sample_obs)
     return actor
@@ -321,28 +294,24 @@ def behaviour_logprob(actor, x, action):
 
 
 class Requantizer:
-    """Keeps the int8 rollout policy fresh. At an iteration boundary where a rebuild is due, the trained actor is
-    copied (a snapshot: the update goes on changing it) and quantized, in the loop or, with --quant-async, in a
-    background thread whose result is swapped in at the next boundary, so the rebuild leaves the critical path.
-    t_quant is the rebuild's own time, t_swap what the loop spent on it (sync: the rebuild; async: the wait)."""
+    """Keeps the int8 rollout policy fresh: at a boundary where a rebuild is due, the trained actor is copied (the
+    update goes on changing it) and quantized, in line or (--quant-async) in a background thread, acting from the next
+    boundary on. t_quant: the rebuild's time; t_swap: the loop's (sync: the rebuild; async: the wait)."""
 
     def __init__(self, actor: nn.Sequential, sample_obs, every: int, background: bool):
         self.actor, self.sample_obs, self.every = actor, sample_obs, every
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="quantize") if background else None
-        self.current, self.pending, self.t_quant = None, None, None
+        self.current = self.pending = self.t_quant = None
 
     def build(self, snapshot):
         t0 = time.perf_counter()
-        quantized = quantize_actor(snapshot, self.sample_obs)
-        return quantized, time.perf_counter() - t0
+        return quantize_actor(snapshot, self.sample_obs), time.perf_counter() - t0
 
     def refresh(self, age: int):
         """Call at the start of every iteration; `age` counts the iterations of this run so far. Returns t_swap."""
-        t0 = time.perf_counter()
-        self.t_quant = None
+        t0, self.t_quant = time.perf_counter(), None
         if self.pending is not None:
-            self.current, self.t_quant = self.pending.result()
-            self.pending = None
+            (self.current, self.t_quant), self.pending = self.pending.result(), None
         if age % self.every == 0:
             # registered Parameters (an inference copy's plain tensors would be invisible to .to() and state_dict)
             snapshot = copy.deepcopy(self.actor)
@@ -365,16 +334,8 @@ def policy_bytes(module: nn.Module) -> int:
 
 
 def forward_latency(policy, x, gumbel, reps: int = 200) -> float:
-    """Seconds per call of one rollout step of `policy`, median of 5 rounds after a warm-up."""
-    for _ in range(20):
-        policy(x, gumbel)
-    rounds = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            policy(x, gumbel)
-        rounds.append((time.perf_counter() - t0) / reps)
-    return float(np.median(rounds))
+    """Seconds per call of one rollout step of `policy`: the median of 5 rounds after a warm-up round."""
+    return float(np.median(timeit.repeat(lambda: policy(x, gumbel), number=reps, repeat=6)[1:])) / reps
 
 
 def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int, rng: torch.Generator):
@@ -474,20 +435,18 @@ def make_units(agent, agent_inference, args, device, compiled: bool):
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
     optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
-    # the int8 steps take the copy that acts as an argument; fp32_policy is the base script's step, for the summary's
-    # latency comparison only
+    # the int8 steps take the acting copy as an argument; fp32_policy (the base's step): the summary's latency baseline
     u = SimpleNamespace(agent=agent, optimizer=optimizer, lr=lr, policy=act, behaviour=behaviour_logprob,
                         fp32_policy=functools.partial(act, agent_inference.actor), get_value=agent_inference.get_value,
                         gae=gae, update=functools.partial(update, agent, optimizer, lr, args))
     if compiled:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
-        # to ~245 us on a CPU
-        opts = dict(cpp_wrapper=True, max_autotune=True)
+        # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
+        opts = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
         # the int8 policy step is compiled on a CPU too: eager, torchao's tensor subclass dispatches every op from
         # Python. A rebuilt copy is a new module with the same structure: no recompilation.
-        u.policy = torch.compile(u.policy, options=opts)
-        u.behaviour = torch.compile(u.behaviour, options=opts)
+        u.policy, u.behaviour = torch.compile(u.policy, options=opts), torch.compile(u.behaviour, options=opts)
         if device.type == "cuda":
             # on a CPU the fp32 policy step stays eager: compiled it is faster alone (29 vs 34 us) but slower in the
             # rollout, where it and the env evict each other from the caches (93 vs 83 us per env+policy step)
@@ -499,81 +458,9 @@ def make_units(agent, agent_inference, args, device, compiled: bool):
 
 
 def add_cudagraphs(u):
-    # the int8 policy stays out of CUDA graphs: a graph replays the tensors it captured, and every rebuild makes new
-    # ones; on a GPU --compile is its path (torchao's int8 GEMMs through inductor)
+    # the int8 policy stays out of CUDA graphs: a graph replays the tensors it captured; every rebuild makes new ones
     for name in ("get_value", "gae", "update"):
         setattr(u, name, CudaGraphModule(getattr(u, name)))
-
-
-def warm_up(u, args, device, n_obs: int, n_actions: int):
-    """Call every unit on dummy inputs of the loop's shapes and layouts, so that each compiles now. Zeros only: no
-    random numbers are drawn, so the training run's random stream is the same as without --compile-async. Every input
-    is a tensor of its own, as in the loop: Dynamo specializes a graph on two inputs being the same tensor, and would
-    compile again in the loop."""
-    T, N = args.num_steps, args.num_envs
-    obs, actions = torch.zeros(T, N, n_obs, device=device), torch.zeros(T, N, dtype=torch.long, device=device)
-    # a throwaway int8 copy, only to trace with: the compiled steps take the loop's current copy as an argument
-    qactor = quantize_actor(copy.deepcopy(u.agent.actor), obs[0])
-    u.policy(qactor, obs[0], torch.zeros(N, n_actions, device=device))
-    logprobs, values = u.behaviour(qactor, obs, actions), u.get_value(obs)
-    rewards, dones = torch.zeros(T, N, device=device), torch.zeros(T, N, device=device)
-    advantages, returns = u.gae(u.get_value(obs[0]), torch.zeros(N, device=device), rewards, dones, values, args.gamma,
-                                args.gae_lambda)
-    batch = [x.flatten(0, 1) for x in (obs, actions, logprobs, advantages, returns, values)]
-    for inds in torch.arange(args.batch_size, device=device).view(args.num_minibatches, -1):
-        u.update(*batch, inds)
-    return u
-
-
-def fill_compile_cache(log_dir: str):
-    """--compile-async, first stage: this same command with --compile-cache-only, in a subprocess with one compile
-    thread. The costly part (tracing, Inductor's code generation and C++ builds, autotuning) then runs in another
-    interpreter, off the training loop's GIL and core, and the compile in this process comes from Inductor's on-disk
-    cache. A run that ends first leaves it to finish, so the next run starts warm."""
-    with open(os.path.join(log_dir, "compile_async.log"), "w") as log:
-        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
-                                  "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
-                                 stdout=log, stderr=log)
-        if child.wait():
-            raise RuntimeError(f"the compile subprocess exited {child.returncode}; see {log.name}")
-
-
-class BackgroundCompile:
-    """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
-    trains eagerly. A failure in the thread is raised in the loop by result()."""
-
-    def __init__(self, build):
-        self.units = self.error = self.seconds = None
-        self.thread = threading.Thread(target=self.run, args=(build,), daemon=True)  # Ctrl-C does not wait for it
-        self.thread.start()
-
-    def run(self, build):
-        t0 = time.perf_counter()
-        try:
-            self.units = build()
-        except Exception as e:
-            self.error = e
-        self.seconds = time.perf_counter() - t0
-
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise RuntimeError("the background compile failed") from self.error
-        return self.units
-
-
-def load_units(dst, src):
-    """Copy the training state of units `src` into units `dst` in place (the compiled code keeps the tensors it was
-    traced with): parameters, Adam's moments and step counts, lr. Exact copies, so the swap changes no result."""
-    with torch.no_grad():
-        for p, q in zip(src.agent.parameters(), dst.agent.parameters()):
-            q.copy_(p)
-            for key, value in src.optimizer.state[p].items():
-                dst.optimizer.state[q][key].copy_(value)
-        dst.lr.copy_(src.lr)
 
 
 class Episodes:
@@ -609,15 +496,18 @@ def machine_info(device: torch.device) -> dict:
 
 
 class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once."""
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
+    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
 
     def __init__(self):
-        self.set = False
+        self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
+        if not self.iterated:
+            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
+            os._exit(130)
         if self.set:
             raise KeyboardInterrupt
         self.set = True
@@ -660,27 +550,13 @@ def main(args: Args):
 
     envs = make_envs(args, os.path.join(log_dir, "videos"))
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
-    # global generator after compiling each function, and with --compile-async that happens in another thread,
-    # mid-rollout, which would replay numbers the loop already drew
+    # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed)
     n_obs, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
-    new_agent = functools.partial(Agent, n_obs, n_actions, args.hidden_dim, args.hidden_depth)
-    agent = new_agent().to(device)
-    if args.compile_cache_only:  # see fill_compile_cache
-        warm_up(make_units(agent, new_agent().to(device), args, device, True), args, device, n_obs, n_actions)
-        return envs.close()
-    u = make_units(agent, new_agent().to(device), args, device, args.compile and not args.compile_async)
-    if args.cudagraphs and not args.compile_async:
+    agent = Agent(n_obs, n_actions, args.hidden_dim, args.hidden_depth).to(device)
+    u = make_units(agent, copy.deepcopy(agent), args, device, args.compile)
+    if args.cudagraphs:
         add_cudagraphs(u)
-    pending = None
-    if args.compile_async:  # a second set of units on copies of the agent, compiled off the critical path
-        twin = copy.deepcopy(agent)
-
-        def build():
-            fill_compile_cache(log_dir)
-            return warm_up(make_units(twin, copy.deepcopy(twin), args, device, True), args, device, n_obs, n_actions)
-
-        pending = BackgroundCompile(build)
     shape = (args.num_steps, args.num_envs)
     buf = dict(obs=torch.zeros(shape + (n_obs,), device=device), actions=torch.zeros(shape, dtype=torch.long, device=device),
                **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")})
@@ -716,22 +592,13 @@ def main(args: Args):
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
-    compiled_from = start_iteration if args.compile and not args.compile_async else None
-    swap_iteration = time_to_compiled = compile_time = None
+    if args.compile:  # the first iteration compiles: say so, or a first run looks stuck
+        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.set_description("compiling")
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
-            swap_at = args.compile_swap_iteration
-            if pending and (iteration >= swap_at if swap_at else pending.done()):
-                compiled, compile_time = pending.result(), pending.seconds
-                load_units(compiled, u)
-                if args.cudagraphs:
-                    add_cudagraphs(compiled)
-                u, pending, compiled_from, swap_iteration = compiled, None, iteration, iteration
-                # rebuilds now copy the compiled units' agent; the int8 copy acting now came from the same weights
-                requant.actor = u.agent.actor
-                bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)",
-                          file=sys.stderr)
             if args.anneal_lr:
                 u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
 
@@ -744,10 +611,8 @@ def main(args: Args):
 
             t0 = time.perf_counter()
             last_obs, last_done = torch.from_numpy(next_obs).to(device), torch.from_numpy(next_done).to(device).float()
-            # the behaviour policy's log-probs, in one batched call: the ratio in the update is pi_fp32 / pi_int8.
-            # Values come from the fp32 critic: the base script's batched call already computes them, so they cost
-            # nothing more, and they are the critic the update trains, so the value clipping is centred on it (an
-            # int8 critic's error would enter the targets and the clip). doc/quantized.md: the learning comparison.
+            # the behaviour policy's log-probs in one batched call (the update's ratio is pi_fp32 / pi_int8); values
+            # from the fp32 critic the update trains: an int8 critic's error would enter the targets and the value clip
             buf["logprobs"].copy_(u.behaviour(qactor, buf["obs"], buf["actions"]))
             buf["values"].copy_(u.get_value(buf["obs"]))
             advantages, returns = u.gae(u.get_value(last_obs), last_done, buf["rewards"], buf["dones"], buf["values"],
@@ -777,7 +642,6 @@ def main(args: Args):
             row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
                        episodic_return=episodes.mean(), t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
                        t_gae=t_gae, t_update=t_update, t_quant=requant.t_quant, t_swap=t_swap, lr=u.lr.item(),
-                       compiled=compiled_from is not None,
                        **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"),
                                   stats[:n].mean(0).tolist())))  # the one host sync of the iteration
             metrics.write(json.dumps(row) + "\n")
@@ -785,11 +649,12 @@ def main(args: Args):
                 run.log(row, step=global_step)
             bar.update(args.batch_size)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if iteration == compiled_from:
+            if args.compile and iteration == start_iteration:
                 # every unit has compiled and nothing its guards check can change any more: stop checking them
                 # (~40 us of a ~330 us update, ~10 us of a policy step)
                 torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-                time_to_compiled = now - start
+                bar.set_description("")
+            stop.iterated = True
             if stop.set:
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -803,12 +668,10 @@ def main(args: Args):
     if args.save_model and not forced and iteration >= start_iteration:
         checkpoint(iteration)
 
-    # the policy's cost per rollout step, both precisions side by side on the last observations: fp32 as the base
-    # script acts (eager on a CPU, compiled on CUDA), int8 as this one does
+    # the policy's cost per rollout step on the last observations: fp32 as the base script acts, int8 as this one
     x = torch.from_numpy(next_obs).to(device)
     gumbel = -torch.empty(args.num_envs, n_actions, device=device).exponential_().log()
-    # guards are skipped as in the loop, once compiled units act (not while a background compile may still trace)
-    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=compiled_from is not None):
+    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=args.compile):  # as in the loop
         latency_fp32 = forward_latency(u.fp32_policy, x, gumbel)
         latency_quant = forward_latency(functools.partial(u.policy, requant.current), x, gumbel)
     quant = dict(quant_method="torchao Int8DynamicActivationInt8WeightConfig (Linear: int8 weights per channel, "
@@ -820,9 +683,7 @@ def main(args: Args):
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
                    wall_time=time.perf_counter() - start, fps=fps if measure_from else None, final_return=episodes.mean(),
-                   compile_time=compile_time if args.compile_async else
-                   iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   swap_iteration=swap_iteration, time_to_compiled=time_to_compiled,
+                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
                    interrupted=stop.set, **quant)
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -831,12 +692,6 @@ def main(args: Args):
         run.finish()
     print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
           f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
-    if pending is not None:
-        # the run ended before the background compile did: a compiling thread cannot be stopped, and shutting the
-        # interpreter down under it aborts, so leave without waiting (logs, summary and checkpoint are written)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130 if stop.set else 0)
     if stop.set:
         sys.exit(130)
 
