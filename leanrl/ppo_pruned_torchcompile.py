@@ -1,14 +1,11 @@
 """PPO on discrete classic control (CartPole-v1), ppo_torchcompile.py plus iterative structured pruning.
 
 Zeroed weights in a dense layer cost as much as any others, so this script removes neurons: on a schedule
-(--prune-start, --prune-every, --prune-steps up to --prune-ratio) Torch-Pruning ranks each group of coupled
-layers (a layer's output neurons together with the inputs of the layer that reads them) and rebuilds the layers
-without the least important ones. The trained agent and the acting copy shrink together, Adam's moments are cut
-at the same indices, and the units are built again: compiled again (CUDA graphs captured again) for the new shapes.
-`--prune-mode mask` zeroes the same neurons through masks instead, to show that masks alone buy nothing.
-`--hidden-dim` / `--hidden-depth` size the MLPs (CleanRL's 64 x 2 by default; doc/pruned.md studies 512 x 4).
-
-The base script's notes:
+(--prune-start, --prune-every, --prune-steps up to --prune-ratio) Torch-Pruning ranks each group of coupled layers
+(a layer's output neurons and the inputs that read them) and rebuilds the layers without the least important ones;
+Adam's moments are cut at the same indices and the units are built again for the new shapes (compiled again, CUDA
+graphs captured again). `--prune-mode mask` zeroes the same neurons instead: masks alone buy nothing.
+`--hidden-dim` / `--hidden-depth` size the MLPs (CleanRL's 64 x 2; doc/pruned.md studies 512 x 4). The base's notes:
 
 The algorithm, network and defaults of ppo.py (CleanRL's), cut LeanRL-style into units that torch.compile and
 CUDA graphs can wrap: `policy` (one rollout step), `gae`, and `update` (one minibatch, optimizer step inside).
@@ -178,7 +175,8 @@ def check_env_id(env_id: str):
 
 
 def check_args(args: Args):
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
+                 "hidden_dim", "hidden_depth", "prune_steps", "prune_every", "prune_start"):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.learning_rate <= 0:
@@ -193,9 +191,6 @@ def check_args(args: Args):
         fail(f"--resume {args.resume}: no such file")
     if args.num_threads <= 0:
         fail(f"--num-threads must be positive, got {args.num_threads}")
-    for name in ("hidden_dim", "hidden_depth", "prune_steps", "prune_every", "prune_start"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if not 0 <= args.prune_ratio < 1:
         fail(f"--prune-ratio is the fraction of neurons removed, in [0, 1); got {args.prune_ratio}")
     check_env_id(args.env_id)
@@ -222,8 +217,7 @@ def make_envs(args: Args, video_dir: str):
     # copy=False hands back the env's own obs array (rollout copies it before the next step) instead of a deepcopy.
     return gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, args.capture_video, video_dir) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False,
-    )
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
 
 
 def env_parts(env):
@@ -379,10 +373,9 @@ def make_optimizer(agent, lr, capturable: bool):
 
 
 class Mask(nn.Module):
-    """--prune-mode mask: a layer's weight (or bias) seen through a 0/1 mask, as a parametrization: the forward
-    computes original * mask inside the traced graph, which torch.func.grad and torch.compile take (the forward
-    pre-hook of torch.nn.utils.prune writes the product onto the module instead, a side effect they reject).
-    The masks change in place, so nothing is re-traced when they do."""
+    """--prune-mode mask: a weight (or bias) seen through a 0/1 mask, as a parametrization: the product is computed
+    inside the traced graph, which torch.func.grad and torch.compile take (the forward pre-hook of torch.nn.utils.prune
+    writes it onto the module instead, a side effect they reject). The masks change in place: nothing is re-traced."""
 
     def __init__(self, like: torch.Tensor):
         super().__init__()
@@ -399,53 +392,34 @@ def add_masks(agent):
             parametrize.register_parametrization(layer, "bias", Mask(layer.bias))
 
 
-class MaskedFirst(tp.importance.Importance):
-    """--prune-mode mask: masked neurons rank below every live one. Masked layers keep their size, so each step
-    the pruner asks for the schedule's cumulative count and must pick the masked neurons again, plus new ones."""
-
-    def __init__(self, importance):
-        self.importance = importance
-
-    def __call__(self, group):
-        root = group[0].dep.target.module  # the layer whose output neurons the group removes
-        imp = self.importance(group)
-        dead = root.parametrizations.weight[0].mask.flatten(1).sum(1) == 0
-        return imp.masked_fill(dead.to(imp.device), -float("inf"))
-
-
-class RandomRanking(tp.importance.Importance):
-    """tp.importance.RandomImportance, drawn from the loop's generator `rng`: torch's global one, which it would use,
-    is rewound by torch.compile (see main) and not in the checkpoint, which would change the ranking on resume."""
-
-    def __init__(self, rng: torch.Generator):
-        self.rng = rng
-
-    def __call__(self, group):
-        return torch.rand(len(group[0].idxs), generator=self.rng, device=self.rng.device)
-
-
 def make_pruner(agent, example: tuple, args: Args, rng: torch.Generator):
     """Torch-Pruning traces the agent once and finds the groups of coupled layers; the heads keep their outputs
     (one value, one logit per action). Each layer loses the same fraction, in --prune-steps equal steps."""
-    importance = dict(magnitude=tp.importance.MagnitudeImportance(p=2),
-                      random=RandomRanking(rng))[args.prune_importance]
-    if args.prune_mode == "mask":
-        importance = MaskedFirst(importance)
-    return tp.pruner.BasePruner(agent, example, importance=importance, pruning_ratio=args.prune_ratio,
-                                iterative_steps=args.prune_steps, ignored_layers=[agent.actor[-1], agent.critic[-1]])
+
+    def random(group):  # random ranking drawn from `rng`, which the checkpoint holds and torch.compile does not rewind
+        return torch.rand(len(group[0].idxs), generator=rng, device=rng.device)
+
+    def masked_first(group):  # masked layers keep their size: the masked neurons rank last, to be picked again
+        imp = importance(group)
+        dead = group[0].dep.target.module.parametrizations.weight[0].mask.flatten(1).sum(1) == 0
+        return imp.masked_fill(dead.to(imp.device), -float("inf"))
+
+    importance = dict(magnitude=tp.importance.MagnitudeImportance(p=2), random=random)[args.prune_importance]
+    return tp.pruner.BasePruner(agent, example, importance=masked_first if args.prune_mode == "mask" else importance,
+                                pruning_ratio=args.prune_ratio, iterative_steps=args.prune_steps,
+                                ignored_layers=[agent.actor[-1], agent.critic[-1]])
 
 
 @torch.no_grad()
 def prune_step(pruner, optimizer, structural: bool) -> dict:
-    """One step of the schedule. For each group, Torch-Pruning hands back the indices of the least important
-    neurons: structural mode rebuilds the group's layers without them (new, smaller Parameters) and cuts each Adam
-    moment at the same indices, the step count kept; mask mode zeroes them in the masks. Returns the Adam state
-    keyed by the parameters as they are now."""
+    """One step of the schedule: Torch-Pruning hands back each group's least important neurons. Structural mode
+    rebuilds the layers without them (new, smaller Parameters) and cuts each Adam moment at the same indices (step
+    count kept); mask mode zeroes them in the masks. Returns the Adam state keyed by the parameters as they are now."""
     moments = dict(optimizer.state)
     for group in pruner.step(interactive=True):
         # (layer, dim, indices): dim 0 for the output neurons of a layer (weight rows, bias), 1 for its inputs
         cuts = [(dep.target.module, 0 if pruner.DG.is_out_channel_pruning_fn(dep.handler) else 1, idxs)
-                for dep, idxs in group if isinstance(dep.target.module, (nn.Linear, nn.Conv2d))]
+                for dep, idxs in group if isinstance(dep.target.module, nn.Linear)]
         if not structural:
             for layer, dim, idxs in cuts:
                 for name in ("weight", "bias") if dim == 0 else ("weight",):
@@ -458,9 +432,7 @@ def prune_step(pruner, optimizer, structural: bool) -> dict:
             for name, p in layer.named_parameters():
                 if p is old[name] or old[name] not in moments:  # untouched (a bias, for an input cut)
                     continue
-                keep = torch.ones(old[name].shape[dim], dtype=torch.bool)
-                keep[idxs] = False
-                keep = keep.nonzero().squeeze(1).to(p.device)
+                keep = torch.tensor(sorted(set(range(old[name].shape[dim])) - set(idxs)), device=p.device)
                 moments[p] = {k: v.index_select(dim, keep) if v.dim() else v for k, v in moments.pop(old[name]).items()}
     return moments
 
@@ -492,8 +464,8 @@ def make_units(agent, agent_inference, args, device, compiled: bool):
     if compiled:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
-        # to ~245 us on a CPU
-        opts = dict(cpp_wrapper=True, max_autotune=True)
+        # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
+        opts = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
         if device.type == "cuda":
             # on a CPU the policy step stays eager: compiled it is faster alone (29 vs 34 us) but slower in the
             # rollout, where it and the env evict each other from the caches (93 vs 83 us per env+policy step)
@@ -543,15 +515,18 @@ def machine_info(device: torch.device) -> dict:
 
 
 class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once."""
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
+    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
 
     def __init__(self):
-        self.set = False
+        self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
+        if not self.iterated:
+            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
+            os._exit(130)
         if self.set:
             raise KeyboardInterrupt
         self.set = True
@@ -647,20 +622,26 @@ def main(args: Args):
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
-    compiled_from = start_iteration if args.compile else None
+    traced_at = start_iteration  # the units compile in this iteration, and again after a structural pruning step
+    if args.compile:  # the first iteration compiles: say so, or a first run looks stuck
+        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.set_description("compiling")
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             if args.prune_ratio > 0 and iteration in prune_at:
                 moments = prune_step(pruner, u.optimizer, structural=args.prune_mode == "structural")
-                if args.prune_mode == "structural":  # new shapes: new units (optimizer, acting copy, compiled code, graphs)
+                if args.prune_mode == "structural":  # new shapes: new units (optimizer, acting copy, compiled code)
                     torch.compiler.set_stance("default")  # guards checked again until the new shapes have compiled
                     torch.compiler.reset()  # drop the code traced for the old shapes
                     u = make_units(agent, copy.deepcopy(agent), args, device, args.compile)
                     u.optimizer.state.update(moments)
-                    if args.cudagraphs:  # new wrappers: they capture the new shapes, parameters and Adam state
+                    if args.cudagraphs:  # new wrappers, which capture again: the old ones replay the old tensors
                         add_cudagraphs(u)
-                    compiled_from = iteration if args.compile else None
+                    traced_at = iteration
+                    if args.compile:
+                        bar.set_description("compiling")
             if args.anneal_lr:
                 u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
 
@@ -708,10 +689,12 @@ def main(args: Args):
                 run.log(row, step=global_step)
             bar.update(args.batch_size)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if iteration == compiled_from:
+            if args.compile and iteration == traced_at:
                 # every unit has compiled and nothing its guards check can change any more: stop checking them
                 # (~40 us of a ~330 us update, ~10 us of a policy step)
                 torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+                bar.set_description("")
+            stop.iterated = True
             if stop.set:
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -726,15 +709,14 @@ def main(args: Args):
 
     steady = iter_times[args.measure_burnin:]
     size_after = model_size(agent, example)
-    pruning = dict(prune_steps_done=pruner.current_step,
-                   **{f"prune_{k}_{when}": size[k] for k in ("params", "macs", "bytes")
-                      for when, size in (("before", size_before), ("after", size_after))},
-                   prune_sparsity=1 - size_after["live"] / size_before["live"])
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
                    wall_time=time.perf_counter() - start, fps=fps if measure_from else None, final_return=episodes.mean(),
                    compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   interrupted=stop.set, **pruning)
+                   interrupted=stop.set, prune_steps_done=pruner.current_step,
+                   prune_sparsity=1 - size_after["live"] / size_before["live"],
+                   **{f"prune_{k}_{when}": size[k] for k in ("params", "macs", "bytes")
+                      for when, size in (("before", size_before), ("after", size_after))})
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     if run:
