@@ -1,14 +1,11 @@
 """PPO on Atari through envpool (Breakout-v5), ppo_atari_envpool_torchcompile.py plus iterative structured pruning.
 
 Zeroed weights in a dense convolution cost as much as any others, so this script removes channels: on a schedule
-(--prune-start, --prune-every, --prune-steps up to --prune-ratio) Torch-Pruning ranks each group of coupled
-layers (a layer's output channels together with the inputs of the layers that read them, across the flatten into
-the 3136x512 layer) and rebuilds the layers without the least important ones. The trained agent and the acting
-copy shrink together, Adam's moments are cut at the same indices, and the units are built again: compiled again
-(CUDA graphs captured again) for the new shapes. `--prune-mode mask` zeroes the same channels through masks
-instead, to show that masks alone buy nothing. doc/pruned.md has the measurements.
-
-The base script's notes:
+(--prune-start, --prune-every, --prune-steps up to --prune-ratio) Torch-Pruning ranks each group of coupled layers
+(a layer's output channels and the inputs that read them, across the flatten into the 3136x512 layer) and rebuilds
+the layers without the least important ones; Adam's moments are cut at the same indices and the units are built
+again for the new shapes (compiled again, CUDA graphs captured again). `--prune-mode mask` zeroes the same channels
+instead: masks alone buy nothing. doc/pruned.md has the measurements. The base's notes:
 
 The algorithm, network and defaults of `ppo_atari_envpool.py`, with the work split into plain functions that the
 compilers can take whole: `policy` (one forward for all envs), `gae`, and `update` (one minibatch: forward,
@@ -356,10 +353,9 @@ def update(agent: Agent, optimizer, args: Args, obs, actions, logprobs, advantag
 
 
 class Mask(nn.Module):
-    """--prune-mode mask: a layer's weight (or bias) seen through a 0/1 mask, as a parametrization: the forward
-    computes original * mask inside the traced graph, which torch.compile takes whole (the forward pre-hook of
-    torch.nn.utils.prune writes the product onto the module instead, a side effect). The masks change in place,
-    so nothing is re-traced when they do."""
+    """--prune-mode mask: a weight (or bias) seen through a 0/1 mask, as a parametrization: the product is computed
+    inside the traced graph, which torch.compile takes whole (the forward pre-hook of torch.nn.utils.prune writes it
+    onto the module instead, a side effect). The masks change in place, so nothing is re-traced when they do."""
 
     def __init__(self, like: torch.Tensor):
         super().__init__()
@@ -376,48 +372,29 @@ def add_masks(agent: Agent):
             parametrize.register_parametrization(layer, "bias", Mask(layer.bias))
 
 
-class MaskedFirst(tp.importance.Importance):
-    """--prune-mode mask: masked channels rank below every live one. Masked layers keep their size, so each step
-    the pruner asks for the schedule's cumulative count and must pick the masked channels again, plus new ones."""
-
-    def __init__(self, importance):
-        self.importance = importance
-
-    def __call__(self, group):
-        root = group[0].dep.target.module  # the layer whose output channels the group removes
-        imp = self.importance(group)
-        dead = root.parametrizations.weight[0].mask.flatten(1).sum(1) == 0
-        return imp.masked_fill(dead.to(imp.device), -float("inf"))
-
-
-class RandomRanking(tp.importance.Importance):
-    """tp.importance.RandomImportance, drawn from the loop's generator `rng`: torch's global one, which it would use,
-    is rewound by torch.compile (see main) and not in the checkpoint, which would change the ranking on resume."""
-
-    def __init__(self, rng: torch.Generator):
-        self.rng = rng
-
-    def __call__(self, group):
-        return torch.rand(len(group[0].idxs), generator=self.rng, device=self.rng.device)
-
-
 def make_pruner(agent: Agent, example: tuple, args: Args, rng: torch.Generator):
     """Torch-Pruning traces the agent once and finds the groups of coupled layers; the heads keep their outputs
     (one logit per action, one value). Each layer loses the same fraction, in --prune-steps equal steps."""
-    importance = dict(magnitude=tp.importance.MagnitudeImportance(p=2),
-                      random=RandomRanking(rng))[args.prune_importance]
-    if args.prune_mode == "mask":
-        importance = MaskedFirst(importance)
-    return tp.pruner.BasePruner(agent, example, importance=importance, pruning_ratio=args.prune_ratio,
-                                iterative_steps=args.prune_steps, ignored_layers=[agent.actor, agent.critic])
+
+    def random(group):  # random ranking drawn from `rng`, which the checkpoint holds and torch.compile does not rewind
+        return torch.rand(len(group[0].idxs), generator=rng, device=rng.device)
+
+    def masked_first(group):  # masked layers keep their size: the masked channels rank last, to be picked again
+        imp = importance(group)
+        dead = group[0].dep.target.module.parametrizations.weight[0].mask.flatten(1).sum(1) == 0
+        return imp.masked_fill(dead.to(imp.device), -float("inf"))
+
+    importance = dict(magnitude=tp.importance.MagnitudeImportance(p=2), random=random)[args.prune_importance]
+    return tp.pruner.BasePruner(agent, example, importance=masked_first if args.prune_mode == "mask" else importance,
+                                pruning_ratio=args.prune_ratio, iterative_steps=args.prune_steps,
+                                ignored_layers=[agent.actor, agent.critic])
 
 
 @torch.no_grad()
 def prune_step(pruner, optimizer, structural: bool) -> dict:
-    """One step of the schedule. For each group, Torch-Pruning hands back the indices of the least important
-    channels: structural mode rebuilds the group's layers without them (new, smaller Parameters) and cuts each Adam
-    moment at the same indices, the step count kept; mask mode zeroes them in the masks. Returns the Adam state
-    keyed by the parameters as they are now."""
+    """One step of the schedule: Torch-Pruning hands back each group's least important channels. Structural mode
+    rebuilds the layers without them (new, smaller Parameters) and cuts each Adam moment at the same indices (step
+    count kept); mask mode zeroes them in the masks. Returns the Adam state keyed by the parameters as they are now."""
     moments = dict(optimizer.state)
     for group in pruner.step(interactive=True):
         # (layer, dim, indices): dim 0 for a layer's output channels (weight rows, bias), 1 for its inputs (after
@@ -436,9 +413,7 @@ def prune_step(pruner, optimizer, structural: bool) -> dict:
             for name, p in layer.named_parameters():
                 if p is old[name] or old[name] not in moments:  # untouched (a bias, for an input cut)
                     continue
-                keep = torch.ones(old[name].shape[dim], dtype=torch.bool)
-                keep[idxs] = False
-                keep = keep.nonzero().squeeze(1).to(p.device)
+                keep = torch.tensor(sorted(set(range(old[name].shape[dim])) - set(idxs)), device=p.device)
                 moments[p] = {k: v.index_select(dim, keep) if v.dim() else v for k, v in moments.pop(old[name]).items()}
     return moments
 
