@@ -14,7 +14,7 @@ in tensordict's CudaGraphModule. Observations are stored as uint8. `--bf16` runs
 autocast where the hardware has native bfloat16 (AVX512-BF16/AMX CPUs): the update's cost halves, the losses,
 log-prob ratios and value targets stay fp32; it is opt-in because on Breakout it learned slower (doc/atari.md).
 The policy samples by Gumbel-max from noise the loop draws with its own generator, so the compiled and graphed
-policy holds no random op, and `--compile-async` (README) can compile it in the background.
+policy holds no random op.
 
     python leanrl/ppo_atari_envpool_pruned_torchcompile.py --compile                    # CPU or GPU
     python leanrl/ppo_atari_envpool_pruned_torchcompile.py --compile --prune-mode mask  # the comparison
@@ -131,7 +131,6 @@ class Args:
     """which channels go: those whose group of weights has the smallest L2 norm, or random ones (the control)"""
     prune_mode: Literal["structural", "mask"] = "structural"
     """structural removes the channels (smaller dense layers); mask zeroes them and keeps the shapes (comparison)"""
-
 
 
 def fail(message: str):
@@ -472,15 +471,18 @@ def machine_info(device: torch.device) -> dict:
 
 
 class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once."""
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
+    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
 
     def __init__(self):
-        self.set = False
+        self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
+        if not self.iterated:
+            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
+            os._exit(130)
         if self.set:
             raise KeyboardInterrupt
         self.set = True
@@ -500,7 +502,7 @@ def load_checkpoint(args: Args) -> dict:
         ckpt = torch.load(args.resume, weights_only=True)
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
-    for key in ("env_id", "num_envs", "num_steps"):
+    for key in ("env_id", "num_envs", "num_steps", "prune_mode"):
         if ckpt["args"][key] != getattr(args, key):
             fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
     return ckpt
@@ -582,17 +584,25 @@ def main(args: Args):
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
+    traced_at = start_iteration  # the units compile in this iteration, and again after a structural pruning step
+    if args.compile:  # the first iteration compiles: say so, or a first run looks stuck
+        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.set_description("compiling")
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             if args.prune_ratio > 0 and iteration in prune_at:
                 moments = prune_step(pruner, u.optimizer, structural=args.prune_mode == "structural")
-                if args.prune_mode == "structural":  # new shapes: new units (optimizer, acting copy, compiled code, graphs)
+                if args.prune_mode == "structural":  # new shapes: new units (optimizer, acting copy, compiled code)
                     torch.compiler.reset()  # drop the code traced for the old shapes
                     u = make_units(agent, inference_copy(agent), args, device, args.compile)
                     u.optimizer.state.update(moments)
-                    if args.cudagraphs:  # new wrappers: they capture the new shapes, parameters and Adam state
+                    if args.cudagraphs:  # new wrappers, which capture again: the old ones replay the old tensors
                         add_cudagraphs(u)
+                    traced_at = iteration
+                    if args.compile:
+                        bar.set_description("compiling")
             if args.anneal_lr:
                 lr = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
                 u.optimizer.param_groups[0]["lr"].copy_(lr)
@@ -639,6 +649,9 @@ def main(args: Args):
                 run.log(row, step=global_step)
             bar.update(args.batch_size)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
+            if args.compile and iteration == traced_at:
+                bar.set_description("")
+            stop.iterated = True
             if stop.set:
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -652,16 +665,15 @@ def main(args: Args):
 
     steady = iter_times[args.measure_burnin:]
     size_after = model_size(agent, example)
-    pruning = dict(prune_steps_done=pruner.current_step,
-                   **{f"prune_{k}_{when}": size[k] for k in ("params", "macs", "bytes")
-                      for when, size in (("before", size_before), ("after", size_after))},
-                   prune_sparsity=1 - size_after["live"] / size_before["live"])
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), bf16=use_bf16, total_timesteps=args.total_timesteps,
                    global_step=global_step, wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
                    final_return=stats.mean_return(),
                    compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   interrupted=stop.set, **pruning)
+                   interrupted=stop.set, prune_steps_done=pruner.current_step,
+                   prune_sparsity=1 - size_after["live"] / size_before["live"],
+                   **{f"prune_{k}_{when}": size[k] for k in ("params", "macs", "bytes")
+                      for when, size in (("before", size_before), ("after", size_after))})
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     if run:
