@@ -1,16 +1,11 @@
 """PPO on Atari through envpool (Breakout-v5), ppo_atari_envpool_torchcompile.py plus iterative structured pruning.
 
 Zeroed weights in a dense convolution cost as much as any others, so this script removes channels: on a schedule
-(--prune-start, --prune-every, --prune-steps up to --prune-ratio) Torch-Pruning ranks each group of coupled
-layers (a layer's output channels together with the inputs of the layers that read them, across the flatten into
-the 3136x512 layer) and rebuilds the layers without the least important ones. The trained agent and the acting
-copy shrink together, Adam's moments are cut at the same indices, and the compiled units are traced again (CUDA
-graphs captured again) for the new shapes; with --compile-async a structural step puts the loop back on eager units
-until those for the new shapes have compiled in the background, from the cache that the compile subprocess filled
-for every width of the schedule. `--prune-mode mask` zeroes the same channels through masks instead, to show that
-masks alone buy nothing. doc/pruned.md has the measurements.
-
-The base script's notes:
+(--prune-start, --prune-every, --prune-steps up to --prune-ratio) Torch-Pruning ranks each group of coupled layers
+(a layer's output channels and the inputs that read them, across the flatten into the 3136x512 layer) and rebuilds
+the layers without the least important ones; Adam's moments are cut at the same indices and the units are built
+again for the new shapes (compiled again, CUDA graphs captured again). `--prune-mode mask` zeroes the same channels
+instead: masks alone buy nothing. doc/pruned.md has the measurements. The base's notes:
 
 The algorithm, network and defaults of `ppo_atari_envpool.py`, with the work split into plain functions that the
 compilers can take whole: `policy` (one forward for all envs), `gae`, and `update` (one minibatch: forward,
@@ -19,7 +14,7 @@ in tensordict's CudaGraphModule. Observations are stored as uint8. `--bf16` runs
 autocast where the hardware has native bfloat16 (AVX512-BF16/AMX CPUs): the update's cost halves, the losses,
 log-prob ratios and value targets stay fp32; it is opt-in because on Breakout it learned slower (doc/atari.md).
 The policy samples by Gumbel-max from noise the loop draws with its own generator, so the compiled and graphed
-policy holds no random op, and `--compile-async` (README) can compile it in the background.
+policy holds no random op.
 
     python leanrl/ppo_atari_envpool_pruned_torchcompile.py --compile                    # CPU or GPU
     python leanrl/ppo_atari_envpool_pruned_torchcompile.py --compile --prune-mode mask  # the comparison
@@ -33,9 +28,7 @@ import json
 import os
 import platform
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -111,16 +104,6 @@ class Args:
 
     compile: bool = False
     """if toggled, wrap policy, gae and update in torch.compile"""
-    compile_async: bool = False
-    """with --compile: train eagerly from the first step while the units compile (a subprocess fills Inductor's cache,
-    then a background thread compiles from it and warms up), then swap them in at an iteration boundary
-    (summary.json: compile_time, swap_iteration, time_to_compiled)"""
-    compile_cache_only: bool = False
-    """with --compile: compile the units and run them once on dummy inputs of this run's shapes, which fills Inductor's
-    on-disk cache, then exit without training (what --compile-async runs in a subprocess; also warms a cache by hand)"""
-    compile_swap_iteration: Optional[int] = None
-    """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
-    reproducible eager/compiled split); default: the first iteration boundary after it is done"""
     cudagraphs: bool = False
     """if toggled, wrap policy, gae and update in tensordict's CudaGraphModule (CUDA only; ignored on CPU)"""
     bf16: bool = False
@@ -148,7 +131,6 @@ class Args:
     """which channels go: those whose group of weights has the smallest L2 norm, or random ones (the control)"""
     prune_mode: Literal["structural", "mask"] = "structural"
     """structural removes the channels (smaller dense layers); mask zeroes them and keeps the shapes (comparison)"""
-
 
 
 def fail(message: str):
@@ -196,12 +178,6 @@ def check_args(args: Args):
         fail(f"--resume {args.resume}: no such file")
     if args.num_threads <= 0:
         fail(f"--num-threads must be positive, got {args.num_threads}")
-    if args.compile_async and not args.compile:
-        fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
-    if args.compile_cache_only and not args.compile:
-        fail("--compile-cache-only needs --compile")
-    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
-        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
     if args.capture_video:
         fail("--capture-video is not supported: envpool renders no frames")
     for name in ("prune_steps", "prune_every", "prune_start"):
@@ -376,10 +352,9 @@ def update(agent: Agent, optimizer, args: Args, obs, actions, logprobs, advantag
 
 
 class Mask(nn.Module):
-    """--prune-mode mask: a layer's weight (or bias) seen through a 0/1 mask, as a parametrization: the forward
-    computes original * mask inside the traced graph, which torch.compile takes whole (the forward pre-hook of
-    torch.nn.utils.prune writes the product onto the module instead, a side effect). The masks change in place,
-    so nothing is re-traced when they do."""
+    """--prune-mode mask: a weight (or bias) seen through a 0/1 mask, as a parametrization: the product is computed
+    inside the traced graph, which torch.compile takes whole (the forward pre-hook of torch.nn.utils.prune writes it
+    onto the module instead, a side effect). The masks change in place, so nothing is re-traced when they do."""
 
     def __init__(self, like: torch.Tensor):
         super().__init__()
@@ -396,48 +371,29 @@ def add_masks(agent: Agent):
             parametrize.register_parametrization(layer, "bias", Mask(layer.bias))
 
 
-class MaskedFirst(tp.importance.Importance):
-    """--prune-mode mask: masked channels rank below every live one. Masked layers keep their size, so each step
-    the pruner asks for the schedule's cumulative count and must pick the masked channels again, plus new ones."""
-
-    def __init__(self, importance):
-        self.importance = importance
-
-    def __call__(self, group):
-        root = group[0].dep.target.module  # the layer whose output channels the group removes
-        imp = self.importance(group)
-        dead = root.parametrizations.weight[0].mask.flatten(1).sum(1) == 0
-        return imp.masked_fill(dead.to(imp.device), -float("inf"))
-
-
-class RandomRanking(tp.importance.Importance):
-    """tp.importance.RandomImportance, drawn from the loop's generator `rng`: torch's global one, which it would use,
-    is rewound by torch.compile (see main) and not in the checkpoint, which would change the ranking on resume."""
-
-    def __init__(self, rng: torch.Generator):
-        self.rng = rng
-
-    def __call__(self, group):
-        return torch.rand(len(group[0].idxs), generator=self.rng, device=self.rng.device)
-
-
 def make_pruner(agent: Agent, example: tuple, args: Args, rng: torch.Generator):
     """Torch-Pruning traces the agent once and finds the groups of coupled layers; the heads keep their outputs
     (one logit per action, one value). Each layer loses the same fraction, in --prune-steps equal steps."""
-    importance = dict(magnitude=tp.importance.MagnitudeImportance(p=2),
-                      random=RandomRanking(rng))[args.prune_importance]
-    if args.prune_mode == "mask":
-        importance = MaskedFirst(importance)
-    return tp.pruner.BasePruner(agent, example, importance=importance, pruning_ratio=args.prune_ratio,
-                                iterative_steps=args.prune_steps, ignored_layers=[agent.actor, agent.critic])
+
+    def random(group):  # random ranking drawn from `rng`, which the checkpoint holds and torch.compile does not rewind
+        return torch.rand(len(group[0].idxs), generator=rng, device=rng.device)
+
+    def masked_first(group):  # masked layers keep their size: the masked channels rank last, to be picked again
+        imp = importance(group)
+        dead = group[0].dep.target.module.parametrizations.weight[0].mask.flatten(1).sum(1) == 0
+        return imp.masked_fill(dead.to(imp.device), -float("inf"))
+
+    importance = dict(magnitude=tp.importance.MagnitudeImportance(p=2), random=random)[args.prune_importance]
+    return tp.pruner.BasePruner(agent, example, importance=masked_first if args.prune_mode == "mask" else importance,
+                                pruning_ratio=args.prune_ratio, iterative_steps=args.prune_steps,
+                                ignored_layers=[agent.actor, agent.critic])
 
 
 @torch.no_grad()
 def prune_step(pruner, optimizer, structural: bool) -> dict:
-    """One step of the schedule. For each group, Torch-Pruning hands back the indices of the least important
-    channels: structural mode rebuilds the group's layers without them (new, smaller Parameters) and cuts each Adam
-    moment at the same indices, the step count kept; mask mode zeroes them in the masks. Returns the Adam state
-    keyed by the parameters as they are now."""
+    """One step of the schedule: Torch-Pruning hands back each group's least important channels. Structural mode
+    rebuilds the layers without them (new, smaller Parameters) and cuts each Adam moment at the same indices (step
+    count kept); mask mode zeroes them in the masks. Returns the Adam state keyed by the parameters as they are now."""
     moments = dict(optimizer.state)
     for group in pruner.step(interactive=True):
         # (layer, dim, indices): dim 0 for a layer's output channels (weight rows, bias), 1 for its inputs (after
@@ -456,9 +412,7 @@ def prune_step(pruner, optimizer, structural: bool) -> dict:
             for name, p in layer.named_parameters():
                 if p is old[name] or old[name] not in moments:  # untouched (a bias, for an input cut)
                     continue
-                keep = torch.ones(old[name].shape[dim], dtype=torch.bool)
-                keep[idxs] = False
-                keep = keep.nonzero().squeeze(1).to(p.device)
+                keep = torch.tensor(sorted(set(range(old[name].shape[dim])) - set(idxs)), device=p.device)
                 moments[p] = {k: v.index_select(dim, keep) if v.dim() else v for k, v in moments.pop(old[name]).items()}
     return moments
 
@@ -498,76 +452,6 @@ def add_cudagraphs(u):
     u.act, u.advantage, u.learn = CudaGraphModule(u.act), CudaGraphModule(u.advantage), CudaGraphModule(u.learn)
 
 
-def warm_up(u, args: Args, device, obs_shape, n_actions: int):
-    """Call every unit on dummy inputs of the loop's shapes (zeros), so that each compiles now. No random numbers are
-    drawn: the policy samples with the noise it is given. Every input is a tensor of its own, as in the loop: Dynamo
-    specializes a graph on two inputs being the same tensor, and would compile again in the loop."""
-    T, N = args.num_steps, args.num_envs
-    u.act(torch.zeros((N,) + obs_shape, dtype=torch.uint8, device=device), torch.zeros(N, n_actions, device=device))
-    u.advantage(*[torch.zeros(N, device=device) for _ in range(2)],
-                *[torch.zeros(T, N, device=device) for _ in range(3)])
-    mb = args.minibatch_size
-    obs = torch.zeros((mb,) + obs_shape, dtype=torch.uint8, device=device)
-    actions = torch.zeros(mb, dtype=torch.long, device=device)
-    for _ in range(2):  # the first Adam step creates the optimizer's state, the second runs the steady graph
-        u.learn(obs, actions, *[torch.zeros(mb, device=device) for _ in range(4)])
-    return u
-
-
-def fill_compile_cache(log_dir: str):
-    """--compile-async, first stage: this same command with --compile-cache-only, in a subprocess with one compile
-    thread. The costly part (tracing, Inductor's code generation and C++ builds, autotuning) then runs in another
-    interpreter, off the training loop's GIL and core, and the compile in this process comes from Inductor's on-disk
-    cache. A run that ends first leaves it to finish, so the next run starts warm."""
-    with open(os.path.join(log_dir, "compile_async.log"), "w") as log:
-        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
-                                  "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
-                                 stdout=log, stderr=log)
-        if child.wait():
-            raise RuntimeError(f"the compile subprocess exited {child.returncode}; see {log.name}")
-
-
-class BackgroundCompile:
-    """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
-    trains eagerly. A failure in the thread is raised in the loop by result()."""
-
-    def __init__(self, build):
-        self.units = self.error = self.seconds = None
-        self.thread = threading.Thread(target=self.run, args=(build,), daemon=True)  # Ctrl-C does not wait for it
-        self.thread.start()
-
-    def run(self, build):
-        t0 = time.perf_counter()
-        try:
-            self.units = build()
-        except Exception as e:
-            self.error = e
-        self.seconds = time.perf_counter() - t0
-
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise RuntimeError("the background compile failed") from self.error
-        return self.units
-
-
-def load_units(dst, src):
-    """Copy the training state of units `src` into units `dst` in place (the compiled code keeps the tensors it was
-    traced with): parameters, masks, Adam's moments, step counts and lr; no Adam state yet (no update so far) is
-    zeros, as Adam would create it. Exact copies: the swap changes no result."""
-    with torch.no_grad():
-        for p, q in zip(src.agent.parameters(), dst.agent.parameters()):
-            q.copy_(p)
-            for key, value in dst.optimizer.state[q].items():
-                value.copy_(src.optimizer.state[p][key]) if src.optimizer.state[p] else value.zero_()
-        for b, c in zip(src.agent.buffers(), dst.agent.buffers()):  # --prune-mode mask: the masks
-            c.copy_(b)
-        dst.optimizer.param_groups[0]["lr"].copy_(src.optimizer.param_groups[0]["lr"])
-
-
 STAT_NAMES = ("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
 
 
@@ -587,15 +471,18 @@ def machine_info(device: torch.device) -> dict:
 
 
 class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once."""
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
+    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
 
     def __init__(self):
-        self.set = False
+        self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
+        if not self.iterated:
+            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
+            os._exit(130)
         if self.set:
             raise KeyboardInterrupt
         self.set = True
@@ -615,7 +502,7 @@ def load_checkpoint(args: Args) -> dict:
         ckpt = torch.load(args.resume, weights_only=True)
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
-    for key in ("env_id", "num_envs", "num_steps"):
+    for key in ("env_id", "num_envs", "num_steps", "prune_mode"):
         if ckpt["args"][key] != getattr(args, key):
             fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
     return ckpt
@@ -642,8 +529,7 @@ def main(args: Args):
     ckpt = load_checkpoint(args) if args.resume else None
     envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
-    # global generator after compiling each function, and with --compile-async that happens in another thread,
-    # mid-rollout, which would replay numbers the loop already drew
+    # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed)
     agent = Agent(envs.action_space.n, use_bf16).to(device)
     example = (torch.zeros((1,) + envs.observation_space.shape, dtype=torch.uint8, device=device),
@@ -657,40 +543,9 @@ def main(args: Args):
         pruner.current_step = ckpt["pruning"]["step"]
         pruner._scope_initial_channels.update(ckpt["pruning"]["initial_channels"])  # what the ratios count from
     prune_at = range(args.prune_start, args.prune_start + args.prune_steps * args.prune_every, args.prune_every)
-    if args.compile_cache_only:  # see fill_compile_cache
-        # the widths after each pruning step depend on the schedule alone, not on which channels go: prune this agent
-        # step by step and compile the units at every width the run will train, dropping each width's code after it
-        last_step = sum(i <= args.num_iterations for i in prune_at) if args.prune_ratio > 0 else 0
-        while True:
-            u = warm_up(make_units(agent, inference_copy(agent), args, device, True), args, device,
-                        envs.observation_space.shape, envs.action_space.n)
-            if args.prune_mode == "mask" or pruner.current_step >= last_step:
-                return envs.close()
-            prune_step(pruner, u.optimizer, structural=True)
-            torch.compiler.reset()
-    # `home`: the units around `agent`, the network the pruner works on; the loop calls `u`: `home` or a compiled twin
-    home = make_units(agent, inference_copy(agent), args, device, args.compile and not args.compile_async)
-    if args.cudagraphs and not args.compile_async:
-        add_cudagraphs(home)
-    u = home
-
-    def compile_in_background(fill_cache: bool):
-        """A second set of units on copies of the agent (deepcopy draws no random numbers), compiled off the critical
-        path: the first while a subprocess fills Inductor's cache for every width the run will train, those after a
-        pruning step from that cache. Called only while no compile runs, so torch.compiler.reset() can drop the code
-        of the old shapes (each width would otherwise add an entry to every unit's cache, up to the recompile limit)."""
-        torch.compiler.reset()
-        twin = copy.deepcopy(agent)
-
-        def build():
-            if fill_cache:
-                fill_compile_cache(log_dir)
-            return warm_up(make_units(twin, copy.deepcopy(twin), args, device, True), args, device,
-                           envs.observation_space.shape, envs.action_space.n)
-
-        return BackgroundCompile(build)
-
-    pending = compile_in_background(fill_cache=True) if args.compile_async else None
+    u = make_units(agent, inference_copy(agent), args, device, args.compile)
+    if args.cudagraphs:
+        add_cudagraphs(u)
 
     shape = (args.num_steps, args.num_envs)
     buf = TensorDict(obs=torch.zeros(shape + envs.observation_space.shape, dtype=torch.uint8),
@@ -729,44 +584,25 @@ def main(args: Args):
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
-    compiled_from = start_iteration if args.compile and not args.compile_async else None
-    swap_iteration = time_to_compiled = compile_time = None
+    traced_at = start_iteration  # the units compile in this iteration, and again after a structural pruning step
+    if args.compile:  # the first iteration compiles: say so, or a first run looks stuck
+        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.set_description("compiling")
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             if args.prune_ratio > 0 and iteration in prune_at:
-                if u is not home:  # a compiled twin trains since the swap, but the pruner ranks and cuts `agent`
-                    agent.load_state_dict(u.agent.state_dict())
-                    home.optimizer.load_state_dict(u.optimizer.state_dict())
-                moments = prune_step(pruner, home.optimizer, structural=args.prune_mode == "structural")
-                if args.prune_mode == "structural":  # new shapes: a new optimizer, acting copy and units
-                    if not args.compile_async:
-                        torch.compiler.reset()  # drop the code traced for the old shapes
-                    home = make_units(agent, inference_copy(agent), args, device,
-                                      args.compile and not args.compile_async)
-                    home.optimizer.state.update(moments)
-                    if args.cudagraphs and not args.compile_async:
-                        add_cudagraphs(home)
-                    # --compile-async: eager until the units for the new shapes are compiled (a compile still
-                    # running for the old ones is restarted below once it is done)
-                    u, compiled_from = home, (iteration if args.compile and not args.compile_async else None)
-                    if args.compile_async and pending is None:
-                        pending = compile_in_background(fill_cache=False)
-                elif u is not home:
-                    u.agent.load_state_dict(agent.state_dict())  # the new masks, into the compiled twin
-            swap_at = args.compile_swap_iteration
-            while pending and (iteration >= swap_at if swap_at else pending.done()):
-                compiled, seconds = pending.result(), pending.seconds
-                if [p.shape for p in compiled.agent.parameters()] != [p.shape for p in agent.parameters()]:
-                    pending = compile_in_background(fill_cache=False)  # made for the shapes before a pruning step
-                    continue
-                load_units(compiled, u)
-                if args.cudagraphs:
-                    add_cudagraphs(compiled)
-                u, pending, compiled_from = compiled, None, iteration
-                swap_iteration, compile_time = swap_iteration or iteration, compile_time or seconds  # the first swap's
-                bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {seconds:.1f}s)",
-                          file=sys.stderr)
+                moments = prune_step(pruner, u.optimizer, structural=args.prune_mode == "structural")
+                if args.prune_mode == "structural":  # new shapes: new units (optimizer, acting copy, compiled code)
+                    torch.compiler.reset()  # drop the code traced for the old shapes
+                    u = make_units(agent, inference_copy(agent), args, device, args.compile)
+                    u.optimizer.state.update(moments)
+                    if args.cudagraphs:  # new wrappers, which capture again: the old ones replay the old tensors
+                        add_cudagraphs(u)
+                    traced_at = iteration
+                    if args.compile:
+                        bar.set_description("compiling")
             if args.anneal_lr:
                 lr = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
                 u.optimizer.param_groups[0]["lr"].copy_(lr)
@@ -807,15 +643,15 @@ def main(args: Args):
                        episodic_return=stats.mean_return(), episodic_length=stats.mean_length(),
                        t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
                        t_gae=t_gae, t_update=t_update, lr=u.optimizer.param_groups[0]["lr"].item(),
-                       compiled=compiled_from is not None,
                        **dict(zip(STAT_NAMES, losses)))
             metrics.write(json.dumps(row) + "\n")
             if run:
                 run.log(row, step=global_step)
             bar.update(args.batch_size)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if iteration == compiled_from:
-                time_to_compiled = time_to_compiled or now - start  # the first compiled iteration's
+            if args.compile and iteration == traced_at:
+                bar.set_description("")
+            stop.iterated = True
             if stop.set:
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -829,18 +665,15 @@ def main(args: Args):
 
     steady = iter_times[args.measure_burnin:]
     size_after = model_size(agent, example)
-    pruning = dict(prune_steps_done=pruner.current_step,
-                   **{f"prune_{k}_{when}": size[k] for k in ("params", "macs", "bytes")
-                      for when, size in (("before", size_before), ("after", size_after))},
-                   prune_sparsity=1 - size_after["live"] / size_before["live"])
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), bf16=use_bf16, total_timesteps=args.total_timesteps,
                    global_step=global_step, wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
                    final_return=stats.mean_return(),
-                   compile_time=compile_time if args.compile_async else
-                   iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   swap_iteration=swap_iteration, time_to_compiled=time_to_compiled,
-                   interrupted=stop.set, **pruning)
+                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
+                   interrupted=stop.set, prune_steps_done=pruner.current_step,
+                   prune_sparsity=1 - size_after["live"] / size_before["live"],
+                   **{f"prune_{k}_{when}": size[k] for k in ("params", "macs", "bytes")
+                      for when, size in (("before", size_before), ("after", size_after))})
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     if run:
@@ -849,12 +682,6 @@ def main(args: Args):
     print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
           f"return {summary['final_return']}, parameters {size_before['params']} -> {size_after['params']}, "
           f"logs in {log_dir}", file=sys.stderr)
-    if pending is not None:
-        # the run ended before the background compile did: a compiling thread cannot be stopped, and shutting the
-        # interpreter down under it aborts, so leave without waiting (logs, summary and checkpoint are written)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130 if stop.set else 0)
     if stop.set:
         sys.exit(130)
 

@@ -1,16 +1,11 @@
 """PPO on discrete classic control (CartPole-v1), ppo_torchcompile.py plus iterative structured pruning.
 
 Zeroed weights in a dense layer cost as much as any others, so this script removes neurons: on a schedule
-(--prune-start, --prune-every, --prune-steps up to --prune-ratio) Torch-Pruning ranks each group of coupled
-layers (a layer's output neurons together with the inputs of the layer that reads them) and rebuilds the layers
-without the least important ones. The trained agent and the acting copy shrink together, Adam's moments are cut
-at the same indices, and the compiled units are traced again (CUDA graphs captured again) for the new shapes.
-With --compile-async a structural step puts the loop back on eager units until those for the new shapes have
-compiled in the background, from the cache that the compile subprocess filled for every width of the schedule.
-`--prune-mode mask` zeroes the same neurons through masks instead, to show that masks alone buy nothing.
-`--hidden-dim` / `--hidden-depth` size the MLPs (CleanRL's 64 x 2 by default; doc/pruned.md studies 512 x 4).
-
-The base script's notes:
+(--prune-start, --prune-every, --prune-steps up to --prune-ratio) Torch-Pruning ranks each group of coupled layers
+(a layer's output neurons and the inputs that read them) and rebuilds the layers without the least important ones;
+Adam's moments are cut at the same indices and the units are built again for the new shapes (compiled again, CUDA
+graphs captured again). `--prune-mode mask` zeroes the same neurons instead: masks alone buy nothing.
+`--hidden-dim` / `--hidden-depth` size the MLPs (CleanRL's 64 x 2; doc/pruned.md studies 512 x 4). The base's notes:
 
 The algorithm, network and defaults of ppo.py (CleanRL's), cut LeanRL-style into units that torch.compile and
 CUDA graphs can wrap: `policy` (one rollout step), `gae`, and `update` (one minibatch, optimizer step inside).
@@ -38,9 +33,7 @@ import json
 import os
 import platform
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -116,16 +109,6 @@ class Args:
 
     compile: bool = False
     """if toggled, wrap the policy, gae and update units in torch.compile"""
-    compile_async: bool = False
-    """with --compile: train eagerly from the first step while the units compile (a subprocess fills Inductor's cache,
-    then a background thread compiles from it and warms up), then swap them in at an iteration boundary
-    (summary.json: compile_time, swap_iteration, time_to_compiled)"""
-    compile_cache_only: bool = False
-    """with --compile: compile the units and run them once on dummy inputs of this run's shapes, which fills Inductor's
-    on-disk cache, then exit without training (what --compile-async runs in a subprocess; also warms a cache by hand)"""
-    compile_swap_iteration: Optional[int] = None
-    """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
-    reproducible eager/compiled split); default: the first iteration boundary after it is done"""
     cudagraphs: bool = False
     """if toggled, wrap the policy, gae and update units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     measure_burnin: int = 3
@@ -192,7 +175,8 @@ def check_env_id(env_id: str):
 
 
 def check_args(args: Args):
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
+                 "hidden_dim", "hidden_depth", "prune_steps", "prune_every", "prune_start"):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.learning_rate <= 0:
@@ -207,15 +191,6 @@ def check_args(args: Args):
         fail(f"--resume {args.resume}: no such file")
     if args.num_threads <= 0:
         fail(f"--num-threads must be positive, got {args.num_threads}")
-    if args.compile_async and not args.compile:
-        fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
-    if args.compile_cache_only and not args.compile:
-        fail("--compile-cache-only needs --compile")
-    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
-        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
-    for name in ("hidden_dim", "hidden_depth", "prune_steps", "prune_every", "prune_start"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if not 0 <= args.prune_ratio < 1:
         fail(f"--prune-ratio is the fraction of neurons removed, in [0, 1); got {args.prune_ratio}")
     check_env_id(args.env_id)
@@ -242,8 +217,7 @@ def make_envs(args: Args, video_dir: str):
     # copy=False hands back the env's own obs array (rollout copies it before the next step) instead of a deepcopy.
     return gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, args.capture_video, video_dir) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False,
-    )
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
 
 
 def env_parts(env):
@@ -399,10 +373,9 @@ def make_optimizer(agent, lr, capturable: bool):
 
 
 class Mask(nn.Module):
-    """--prune-mode mask: a layer's weight (or bias) seen through a 0/1 mask, as a parametrization: the forward
-    computes original * mask inside the traced graph, which torch.func.grad and torch.compile take (the forward
-    pre-hook of torch.nn.utils.prune writes the product onto the module instead, a side effect they reject).
-    The masks change in place, so nothing is re-traced when they do."""
+    """--prune-mode mask: a weight (or bias) seen through a 0/1 mask, as a parametrization: the product is computed
+    inside the traced graph, which torch.func.grad and torch.compile take (the forward pre-hook of torch.nn.utils.prune
+    writes it onto the module instead, a side effect they reject). The masks change in place: nothing is re-traced."""
 
     def __init__(self, like: torch.Tensor):
         super().__init__()
@@ -419,53 +392,34 @@ def add_masks(agent):
             parametrize.register_parametrization(layer, "bias", Mask(layer.bias))
 
 
-class MaskedFirst(tp.importance.Importance):
-    """--prune-mode mask: masked neurons rank below every live one. Masked layers keep their size, so each step
-    the pruner asks for the schedule's cumulative count and must pick the masked neurons again, plus new ones."""
-
-    def __init__(self, importance):
-        self.importance = importance
-
-    def __call__(self, group):
-        root = group[0].dep.target.module  # the layer whose output neurons the group removes
-        imp = self.importance(group)
-        dead = root.parametrizations.weight[0].mask.flatten(1).sum(1) == 0
-        return imp.masked_fill(dead.to(imp.device), -float("inf"))
-
-
-class RandomRanking(tp.importance.Importance):
-    """tp.importance.RandomImportance, drawn from the loop's generator `rng`: torch's global one, which it would use,
-    is rewound by torch.compile (see main) and not in the checkpoint, which would change the ranking on resume."""
-
-    def __init__(self, rng: torch.Generator):
-        self.rng = rng
-
-    def __call__(self, group):
-        return torch.rand(len(group[0].idxs), generator=self.rng, device=self.rng.device)
-
-
 def make_pruner(agent, example: tuple, args: Args, rng: torch.Generator):
     """Torch-Pruning traces the agent once and finds the groups of coupled layers; the heads keep their outputs
     (one value, one logit per action). Each layer loses the same fraction, in --prune-steps equal steps."""
-    importance = dict(magnitude=tp.importance.MagnitudeImportance(p=2),
-                      random=RandomRanking(rng))[args.prune_importance]
-    if args.prune_mode == "mask":
-        importance = MaskedFirst(importance)
-    return tp.pruner.BasePruner(agent, example, importance=importance, pruning_ratio=args.prune_ratio,
-                                iterative_steps=args.prune_steps, ignored_layers=[agent.actor[-1], agent.critic[-1]])
+
+    def random(group):  # random ranking drawn from `rng`, which the checkpoint holds and torch.compile does not rewind
+        return torch.rand(len(group[0].idxs), generator=rng, device=rng.device)
+
+    def masked_first(group):  # masked layers keep their size: the masked neurons rank last, to be picked again
+        imp = importance(group)
+        dead = group[0].dep.target.module.parametrizations.weight[0].mask.flatten(1).sum(1) == 0
+        return imp.masked_fill(dead.to(imp.device), -float("inf"))
+
+    importance = dict(magnitude=tp.importance.MagnitudeImportance(p=2), random=random)[args.prune_importance]
+    return tp.pruner.BasePruner(agent, example, importance=masked_first if args.prune_mode == "mask" else importance,
+                                pruning_ratio=args.prune_ratio, iterative_steps=args.prune_steps,
+                                ignored_layers=[agent.actor[-1], agent.critic[-1]])
 
 
 @torch.no_grad()
 def prune_step(pruner, optimizer, structural: bool) -> dict:
-    """One step of the schedule. For each group, Torch-Pruning hands back the indices of the least important
-    neurons: structural mode rebuilds the group's layers without them (new, smaller Parameters) and cuts each Adam
-    moment at the same indices, the step count kept; mask mode zeroes them in the masks. Returns the Adam state
-    keyed by the parameters as they are now."""
+    """One step of the schedule: Torch-Pruning hands back each group's least important neurons. Structural mode
+    rebuilds the layers without them (new, smaller Parameters) and cuts each Adam moment at the same indices (step
+    count kept); mask mode zeroes them in the masks. Returns the Adam state keyed by the parameters as they are now."""
     moments = dict(optimizer.state)
     for group in pruner.step(interactive=True):
         # (layer, dim, indices): dim 0 for the output neurons of a layer (weight rows, bias), 1 for its inputs
         cuts = [(dep.target.module, 0 if pruner.DG.is_out_channel_pruning_fn(dep.handler) else 1, idxs)
-                for dep, idxs in group if isinstance(dep.target.module, (nn.Linear, nn.Conv2d))]
+                for dep, idxs in group if isinstance(dep.target.module, nn.Linear)]
         if not structural:
             for layer, dim, idxs in cuts:
                 for name in ("weight", "bias") if dim == 0 else ("weight",):
@@ -478,9 +432,7 @@ def prune_step(pruner, optimizer, structural: bool) -> dict:
             for name, p in layer.named_parameters():
                 if p is old[name] or old[name] not in moments:  # untouched (a bias, for an input cut)
                     continue
-                keep = torch.ones(old[name].shape[dim], dtype=torch.bool)
-                keep[idxs] = False
-                keep = keep.nonzero().squeeze(1).to(p.device)
+                keep = torch.tensor(sorted(set(range(old[name].shape[dim])) - set(idxs)), device=p.device)
                 moments[p] = {k: v.index_select(dim, keep) if v.dim() else v for k, v in moments.pop(old[name]).items()}
     return moments
 
@@ -512,8 +464,8 @@ def make_units(agent, agent_inference, args, device, compiled: bool):
     if compiled:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
-        # to ~245 us on a CPU
-        opts = dict(cpp_wrapper=True, max_autotune=True)
+        # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
+        opts = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
         if device.type == "cuda":
             # on a CPU the policy step stays eager: compiled it is faster alone (29 vs 34 us) but slower in the
             # rollout, where it and the env evict each other from the caches (93 vs 83 us per env+policy step)
@@ -528,77 +480,6 @@ def make_units(agent, agent_inference, args, device, compiled: bool):
 def add_cudagraphs(u):
     for name in ("policy", "evaluate", "get_value", "gae", "update"):
         setattr(u, name, CudaGraphModule(getattr(u, name)))
-
-
-def warm_up(u, args, device, n_obs: int, n_actions: int):
-    """Call every unit on dummy inputs of the loop's shapes and layouts, so that each compiles now. Zeros only: no
-    random numbers are drawn, so the training run's random stream is the same as without --compile-async. Every input
-    is a tensor of its own, as in the loop: Dynamo specializes a graph on two inputs being the same tensor, and would
-    compile again in the loop."""
-    T, N = args.num_steps, args.num_envs
-    obs, actions = torch.zeros(T, N, n_obs, device=device), torch.zeros(T, N, dtype=torch.long, device=device)
-    u.policy(obs[0], torch.zeros(N, n_actions, device=device))
-    logprobs, _, values = u.evaluate(obs, actions)
-    rewards, dones = torch.zeros(T, N, device=device), torch.zeros(T, N, device=device)
-    advantages, returns = u.gae(u.get_value(obs[0]), torch.zeros(N, device=device), rewards, dones, values, args.gamma,
-                                args.gae_lambda)
-    batch = [x.flatten(0, 1) for x in (obs, actions, logprobs, advantages, returns, values)]
-    for inds in torch.arange(args.batch_size, device=device).view(args.num_minibatches, -1):
-        u.update(*batch, inds)
-    return u
-
-
-def fill_compile_cache(log_dir: str):
-    """--compile-async, first stage: this same command with --compile-cache-only, in a subprocess with one compile
-    thread. The costly part (tracing, Inductor's code generation and C++ builds, autotuning) then runs in another
-    interpreter, off the training loop's GIL and core, and the compile in this process comes from Inductor's on-disk
-    cache. A run that ends first leaves it to finish, so the next run starts warm."""
-    with open(os.path.join(log_dir, "compile_async.log"), "w") as log:
-        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
-                                  "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
-                                 stdout=log, stderr=log)
-        if child.wait():
-            raise RuntimeError(f"the compile subprocess exited {child.returncode}; see {log.name}")
-
-
-class BackgroundCompile:
-    """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
-    trains eagerly. A failure in the thread is raised in the loop by result()."""
-
-    def __init__(self, build):
-        self.units = self.error = self.seconds = None
-        self.thread = threading.Thread(target=self.run, args=(build,), daemon=True)  # Ctrl-C does not wait for it
-        self.thread.start()
-
-    def run(self, build):
-        t0 = time.perf_counter()
-        try:
-            self.units = build()
-        except Exception as e:
-            self.error = e
-        self.seconds = time.perf_counter() - t0
-
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise RuntimeError("the background compile failed") from self.error
-        return self.units
-
-
-def load_units(dst, src):
-    """Copy the training state of units `src` into units `dst` in place (the compiled code keeps the tensors it was
-    traced with): parameters, masks, Adam's moments and step counts, lr. Exact copies, so the swap changes no result."""
-    with torch.no_grad():
-        for p, q in zip(src.agent.parameters(), dst.agent.parameters()):
-            q.copy_(p)
-            for key, value in src.optimizer.state[p].items():
-                dst.optimizer.state[q][key].copy_(value)
-        for b, c in zip(src.agent.buffers(), dst.agent.buffers()):  # --prune-mode mask: the masks
-            c.copy_(b)
-        dst.lr.copy_(src.lr)
 
 
 class Episodes:
@@ -634,15 +515,18 @@ def machine_info(device: torch.device) -> dict:
 
 
 class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once."""
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
+    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
 
     def __init__(self):
-        self.set = False
+        self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
+        if not self.iterated:
+            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
+            os._exit(130)
         if self.set:
             raise KeyboardInterrupt
         self.set = True
@@ -685,8 +569,7 @@ def main(args: Args):
 
     envs = make_envs(args, os.path.join(log_dir, "videos"))
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
-    # global generator after compiling each function, and with --compile-async that happens in another thread,
-    # mid-rollout, which would replay numbers the loop already drew
+    # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed)
     n_obs, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
     agent = Agent(n_obs, n_actions, args.hidden_dim, args.hidden_depth).to(device)
@@ -701,38 +584,9 @@ def main(args: Args):
         pruner.current_step = ckpt["pruning"]["step"]
         pruner._scope_initial_channels.update(ckpt["pruning"]["initial_channels"])  # what the ratios count from
     prune_at = range(args.prune_start, args.prune_start + args.prune_steps * args.prune_every, args.prune_every)
-    if args.compile_cache_only:  # see fill_compile_cache
-        # the widths after each pruning step depend on the schedule alone, not on which neurons go: prune this agent
-        # step by step and compile the units at every width the run will train, dropping each width's code after it
-        last_step = sum(i <= args.num_iterations for i in prune_at) if args.prune_ratio > 0 else 0
-        while True:
-            u = warm_up(make_units(agent, copy.deepcopy(agent), args, device, True), args, device, n_obs, n_actions)
-            if args.prune_mode == "mask" or pruner.current_step >= last_step:
-                return envs.close()
-            prune_step(pruner, u.optimizer, structural=True)
-            torch.compiler.reset()
-    # `home`: the units around `agent`, the network the pruner works on; the loop calls `u`: `home` or a compiled twin
-    home = make_units(agent, copy.deepcopy(agent), args, device, args.compile and not args.compile_async)
-    if args.cudagraphs and not args.compile_async:
-        add_cudagraphs(home)
-    u = home
-
-    def compile_in_background(fill_cache: bool):
-        """A second set of units on copies of the agent, compiled off the critical path: the first while a subprocess
-        fills Inductor's cache for every width the run will train, those after a pruning step from that cache.
-        Called only while no compile runs, so torch.compiler.reset() can drop the code of the old shapes (each width
-        would otherwise add an entry to every unit's cache, up to Dynamo's recompile limit)."""
-        torch.compiler.reset()
-        twin = copy.deepcopy(agent)
-
-        def build():
-            if fill_cache:
-                fill_compile_cache(log_dir)
-            return warm_up(make_units(twin, copy.deepcopy(twin), args, device, True), args, device, n_obs, n_actions)
-
-        return BackgroundCompile(build)
-
-    pending = compile_in_background(fill_cache=True) if args.compile_async else None
+    u = make_units(agent, copy.deepcopy(agent), args, device, args.compile)
+    if args.cudagraphs:
+        add_cudagraphs(u)
     shape = (args.num_steps, args.num_envs)
     buf = dict(obs=torch.zeros(shape + (n_obs,), device=device), actions=torch.zeros(shape, dtype=torch.long, device=device),
                **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")})
@@ -768,45 +622,26 @@ def main(args: Args):
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
-    compiled_from = start_iteration if args.compile and not args.compile_async else None
-    swap_iteration = time_to_compiled = compile_time = None
+    traced_at = start_iteration  # the units compile in this iteration, and again after a structural pruning step
+    if args.compile:  # the first iteration compiles: say so, or a first run looks stuck
+        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.set_description("compiling")
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             if args.prune_ratio > 0 and iteration in prune_at:
-                if u is not home:  # a compiled twin trains since the swap, but the pruner ranks and cuts `agent`
-                    agent.load_state_dict(u.agent.state_dict())
-                    home.optimizer.load_state_dict(u.optimizer.state_dict())
-                moments = prune_step(pruner, home.optimizer, structural=args.prune_mode == "structural")
-                if args.prune_mode == "structural":  # new shapes: a new optimizer, acting copy and units
-                    torch.compiler.set_stance("default")  # the guards tell the old shapes' code from the new
-                    if not args.compile_async:
-                        torch.compiler.reset()  # drop the code traced for the old shapes
-                    home = make_units(agent, copy.deepcopy(agent), args, device,
-                                      args.compile and not args.compile_async)
-                    home.optimizer.state.update(moments)
-                    if args.cudagraphs and not args.compile_async:
-                        add_cudagraphs(home)
-                    # --compile-async: eager until the units for the new shapes are compiled (a compile still
-                    # running for the old ones is restarted below once it is done)
-                    u, compiled_from = home, (iteration if args.compile and not args.compile_async else None)
-                    if args.compile_async and pending is None:
-                        pending = compile_in_background(fill_cache=False)
-                elif u is not home:
-                    u.agent.load_state_dict(agent.state_dict())  # the new masks, into the compiled twin
-            swap_at = args.compile_swap_iteration
-            while pending and (iteration >= swap_at if swap_at else pending.done()):
-                compiled, seconds = pending.result(), pending.seconds
-                if [p.shape for p in compiled.agent.parameters()] != [p.shape for p in agent.parameters()]:
-                    pending = compile_in_background(fill_cache=False)  # made for the shapes before a pruning step
-                    continue
-                load_units(compiled, u)
-                if args.cudagraphs:
-                    add_cudagraphs(compiled)
-                u, pending, compiled_from = compiled, None, iteration
-                swap_iteration, compile_time = swap_iteration or iteration, compile_time or seconds  # the first swap's
-                bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {seconds:.1f}s)",
-                          file=sys.stderr)
+                moments = prune_step(pruner, u.optimizer, structural=args.prune_mode == "structural")
+                if args.prune_mode == "structural":  # new shapes: new units (optimizer, acting copy, compiled code)
+                    torch.compiler.set_stance("default")  # guards checked again until the new shapes have compiled
+                    torch.compiler.reset()  # drop the code traced for the old shapes
+                    u = make_units(agent, copy.deepcopy(agent), args, device, args.compile)
+                    u.optimizer.state.update(moments)
+                    if args.cudagraphs:  # new wrappers, which capture again: the old ones replay the old tensors
+                        add_cudagraphs(u)
+                    traced_at = iteration
+                    if args.compile:
+                        bar.set_description("compiling")
             if args.anneal_lr:
                 u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
 
@@ -846,7 +681,7 @@ def main(args: Args):
                 fps = (global_step - measure_from[1]) / (now - measure_from[0])
             row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
                        episodic_return=episodes.mean(), t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
-                       t_gae=t_gae, t_update=t_update, lr=u.lr.item(), compiled=compiled_from is not None,
+                       t_gae=t_gae, t_update=t_update, lr=u.lr.item(),
                        **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"),
                                   stats[:n].mean(0).tolist())))  # the one host sync of the iteration
             metrics.write(json.dumps(row) + "\n")
@@ -854,11 +689,12 @@ def main(args: Args):
                 run.log(row, step=global_step)
             bar.update(args.batch_size)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if iteration == compiled_from:
+            if args.compile and iteration == traced_at:
                 # every unit has compiled and nothing its guards check can change any more: stop checking them
                 # (~40 us of a ~330 us update, ~10 us of a policy step)
                 torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-                time_to_compiled = time_to_compiled or now - start  # the first compiled iteration's
+                bar.set_description("")
+            stop.iterated = True
             if stop.set:
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -873,17 +709,14 @@ def main(args: Args):
 
     steady = iter_times[args.measure_burnin:]
     size_after = model_size(agent, example)
-    pruning = dict(prune_steps_done=pruner.current_step,
-                   **{f"prune_{k}_{when}": size[k] for k in ("params", "macs", "bytes")
-                      for when, size in (("before", size_before), ("after", size_after))},
-                   prune_sparsity=1 - size_after["live"] / size_before["live"])
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
                    wall_time=time.perf_counter() - start, fps=fps if measure_from else None, final_return=episodes.mean(),
-                   compile_time=compile_time if args.compile_async else
-                   iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   swap_iteration=swap_iteration, time_to_compiled=time_to_compiled,
-                   interrupted=stop.set, **pruning)
+                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
+                   interrupted=stop.set, prune_steps_done=pruner.current_step,
+                   prune_sparsity=1 - size_after["live"] / size_before["live"],
+                   **{f"prune_{k}_{when}": size[k] for k in ("params", "macs", "bytes")
+                      for when, size in (("before", size_before), ("after", size_after))})
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     if run:
@@ -892,12 +725,6 @@ def main(args: Args):
     print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
           f"return {summary['final_return']}, parameters {size_before['params']} -> {size_after['params']}, "
           f"logs in {log_dir}", file=sys.stderr)
-    if pending is not None:
-        # the run ended before the background compile did: a compiling thread cannot be stopped, and shutting the
-        # interpreter down under it aborts, so leave without waiting (logs, summary and checkpoint are written)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130 if stop.set else 0)
     if stop.set:
         sys.exit(130)
 

@@ -3,9 +3,9 @@
 The surgery is checked against an independent reference: the units a pruning step removed are found by matching
 the pruned weights against the original ones, the original agent with those units zeroed must give the pruned
 agent's outputs, and for magnitude importance the removed units must be the ones of smallest L2 group norm,
-computed here from the weights. Compiling costs tens of seconds per process, so each script runs with --compile
-once (pruning at iteration 2, so the units are traced, pruned, then traced again) and the runs are shared, and once
-with --compile-async (classic: pruning around the swap, against the eager run; Atari: a smoke).
+computed here from the weights. Compiling costs tens of seconds per process, so the classic script runs with
+--compile twice (pruning at iteration 2, so the units are traced, pruned, then traced again; once shared by the
+smoke tests, once against the eager run) and the Atari script runs eagerly.
 """
 
 import copy
@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import (SMOKE, assert_async_compile_matches_eager, assert_rejected, load_script, read_metrics,
-                      read_metrics_so_far, read_summary, run_script, smoke_runs, start_script)
+from conftest import (SMOKE, assert_rejected, load_script, read_metrics, read_metrics_so_far, read_summary, run_script,
+                      smoke_runs, start_script)
 
 CLASSIC, ATARI = "ppo_pruned_torchcompile.py", "ppo_atari_envpool_pruned_torchcompile.py"
 # prune within the smoke budget of 4 iterations: before iterations 2 and 3, each taking half the 0.5 ratio
@@ -89,36 +89,18 @@ def test_resume_after_pruning(smoke, tmp_path):
     assert [r["iteration"] for r in rows] == [5, 6] and summary["prune_params_after"] == PARAMS[CLASSIC][1]
 
 
-# ---- --compile-async: eager until the background compile is ready, and again after each structural step ------------
-
-def test_compile_async_swap_matches_eager(tmp_path):
-    """The swap alone, as in the base script: the default schedule's first step (iteration 20) is past the budget."""
-    assert_async_compile_matches_eager(CLASSIC, tmp_path, tol=1e-4)
-
-
-def test_compile_async_prunes_around_the_swap_and_matches_eager(tmp_path):
-    """Steps at iterations 2 and 3, compiled units due at 2 (--compile-swap-iteration): at 2 the step comes first, so
-    the first background compile (full width) is stale and is made again for the new shapes; at 3 the compiled twin's
-    training state goes back to the agent the pruner cuts, and the loop waits for the units at the new width. Random
-    ranking draws from the loop's generator, so the same neurons go as in the eager run: the losses agree up to
-    floating-point noise, which a weight or Adam moment lost on the way would exceed by orders of magnitude."""
-    proc, summary = assert_async_compile_matches_eager(
-        CLASSIC, tmp_path, tol=1e-4, extra=(*SOON, "--prune-steps", "2", "--prune-importance", "random"))
-    assert "swapped in at iteration 3" in proc.stderr
-    assert summary["prune_steps_done"] == 2 and summary["prune_params_after"] == PARAMS[CLASSIC][1]
-
-
-def test_compile_async_atari_prunes_while_compiling(tmp_path):
-    """Atari, a step at iteration 2 while the CNN compiles (longer than the run): the loop trains eagerly, prunes,
-    and exits at once, without waiting for the compile (stale by then)."""
-    proc = run_script(ATARI, *SMOKE, "--num-threads", "1", *SOON, "--prune-steps", "1", "--compile", "--compile-async",
-                      log_dir=tmp_path)
-    rows, summary = read_metrics(tmp_path), read_summary(tmp_path)
-    assert proc.returncode == 0 and [r["iteration"] for r in rows] == [1, 2, 3, 4]
-    assert summary["prune_steps_done"] == 1 and summary["prune_params_after"] == PARAMS[ATARI][1]
-    assert (tmp_path / "compile_async.log").exists()
-    if summary["swap_iteration"] is None:  # the usual case: 4 smoke iterations beat even a warm-cache compile
-        assert not any(r["compiled"] for r in rows) and summary["compile_time"] is None
+def test_compiled_matches_eager_through_pruning_steps(tmp_path):
+    """--compile against the eager run of the same seed, with steps at iterations 2 and 3: after each, the units are
+    built and traced again and Adam's moments, cut at the kept neurons, carried over. Random ranking draws from the
+    loop's generator, so the same neurons go in both runs: the losses agree up to floating-point noise, which a weight
+    or Adam moment lost in the rebuild would exceed by orders of magnitude."""
+    flags = (*SMOKE, "--num-threads", "1", *SOON, "--prune-steps", "2", "--prune-importance", "random")
+    run_script(CLASSIC, *flags, log_dir=tmp_path / "eager")
+    run_script(CLASSIC, *flags, "--compile", log_dir=tmp_path / "compiled")
+    keys = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
+    for e, c in zip(read_metrics(tmp_path / "eager"), read_metrics(tmp_path / "compiled"), strict=True):
+        assert {k: c[k] for k in keys} == pytest.approx({k: e[k] for k in keys}, rel=1e-4, abs=1e-4), c["iteration"]
+    assert read_summary(tmp_path / "compiled")["prune_params_after"] == PARAMS[CLASSIC][1]
 
 
 # ---- the surgery, in process --------------------------------------------------------------------------------------
