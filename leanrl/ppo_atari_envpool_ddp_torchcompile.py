@@ -5,8 +5,6 @@ average their gradients with one all-reduce of one flat buffer between backward 
 applies the same update. Advantages are normalized with each minibatch's statistics over all ranks
 (`--global-adv-norm`); they, the episode returns and the stop flag travel in one small all-reduce per iteration.
 Rank 0 logs. gloo on CPU, nccl on CUDA. doc/distributed.md has the launch commands and the scaling.
-`--compile-async` works as in the base script; rank 0's compile subprocess fills Inductor's cache for every rank, and
-the ranks agree on the iteration at which they all swap in their compiled units.
 
     python leanrl/ppo_atari_envpool_ddp_torchcompile.py --compile                        # one process
     torchrun --nproc-per-node 2 leanrl/ppo_atari_envpool_ddp_torchcompile.py --compile   # 2 ranks, this machine
@@ -21,11 +19,10 @@ in tensordict's CudaGraphModule. Observations are stored as uint8. `--bf16` runs
 autocast where the hardware has native bfloat16 (AVX512-BF16/AMX CPUs): the update's cost halves, the losses,
 log-prob ratios and value targets stay fp32; it is opt-in because on Breakout it learned slower (doc/atari.md).
 The policy samples by Gumbel-max from noise the loop draws with its own generator, so the compiled and graphed
-policy holds no random op, and `--compile-async` (README) can compile it in the background.
+policy holds no random op.
 """
 
 import contextlib
-import copy
 import datetime
 import hashlib
 import io
@@ -33,9 +30,7 @@ import json
 import os
 import platform
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -113,16 +108,6 @@ class Args:
 
     compile: bool = False
     """if toggled, wrap policy, gae and update in torch.compile"""
-    compile_async: bool = False
-    """with --compile: train eagerly from the first step while the units compile (a subprocess fills Inductor's cache,
-    then a background thread compiles from it and warms up), then swap them in at an iteration boundary
-    (summary.json: compile_time, swap_iteration, time_to_compiled)"""
-    compile_cache_only: bool = False
-    """with --compile: compile the units and run them once on dummy inputs of this run's shapes, which fills Inductor's
-    on-disk cache, then exit without training (what --compile-async runs in a subprocess; also warms a cache by hand)"""
-    compile_swap_iteration: Optional[int] = None
-    """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
-    reproducible eager/compiled split); default: the first iteration boundary after it is done"""
     cudagraphs: bool = False
     """if toggled, wrap policy, gae and update in tensordict's CudaGraphModule (CUDA only; ignored on CPU)"""
     bf16: bool = False
@@ -192,16 +177,6 @@ def check_args(args: Args):
         fail(f"--num-threads must be positive, got {args.num_threads}")
     if args.dist_timeout <= 0:
         fail(f"--dist-timeout must be positive, got {args.dist_timeout}")
-    if args.compile_async and not args.compile:
-        fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
-    if args.compile_cache_only and not args.compile:
-        fail("--compile-cache-only needs --compile")
-    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
-        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
-    if args.capture_video:
-        fail("--capture-video is not supported: envpool renders no frames")
-    if args.target_kl is not None and args.cudagraphs:
-        fail("--target-kl reads the KL on the host after every epoch, which CUDA graphs exist to avoid; drop one")
     check_env_id(args.env_id)
 
 
@@ -221,9 +196,7 @@ class Dist:
         own_gpu = self.device.type == "cuda" and local_world_size <= torch.cuda.device_count()
         self.backend = "nccl" if own_gpu else "gloo"
         self.t_sync = 0.0  # seconds spent in collectives, reset every iteration
-        # --compile-cache-only keeps the job's world size, which shapes the compiled update (the all-reduce's graph
-        # break), but joins no group: it only compiles, and skips the collectives
-        self.in_group = self.world_size > 1 and not args.compile_cache_only
+        self.in_group = self.world_size > 1
         if self.in_group:
             # the timeout bounds every collective: a rank that died or hangs stops the others with an error
             dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=args.dist_timeout),
@@ -244,8 +217,7 @@ class Dist:
         self.t_sync += time.perf_counter() - t0
 
     def broadcast_params(self, module: nn.Module):
-        """Rank 0's parameters everywhere: with identical updates afterwards they need sending again only while a
-        background compile runs (see the loop)."""
+        """Rank 0's parameters everywhere: with identical updates afterwards they never need sending again."""
         if self.in_group:
             flat = torch.cat([p.detach().flatten() for p in module.parameters()])
             with self.collective():
@@ -255,20 +227,11 @@ class Dist:
                     p.copy_(x.view_as(p))
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum of x over the ranks, in place (x itself on one rank). Only the loop's thread communicates: a background
-        compile warms its units up alone, so the gradient all-reduce in them is skipped there (x itself)."""
-        if self.in_group and threading.current_thread() is threading.main_thread():
+        """Sum of x over the ranks, in place (x itself on one rank)."""
+        if self.in_group:
             with self.collective():
                 dist.all_reduce(x)
         return x
-
-    def all_true(self, flag: bool) -> bool:
-        """Whether `flag` holds on every rank: one all-reduce (MIN) of one number, so that all ranks decide alike."""
-        x = torch.tensor(float(flag), device=self.device)
-        if self.in_group:
-            with self.collective():
-                dist.all_reduce(x, op=dist.ReduceOp.MIN)
-        return bool(x)
 
     def all_gather_object(self, obj) -> list:
         out = [None] * self.world_size
@@ -277,23 +240,6 @@ class Dist:
         with self.collective():
             dist.all_gather_object(out, obj)
         return out
-
-    def rank0_first(self, fn, *args):
-        """fn(*args) on rank 0, while the other ranks wait until it has ended (or failed). The signal goes through the
-        job's key-value store (the one torchrun serves at MASTER_ADDR:MASTER_PORT, joined as a client), not a
-        collective: this runs in a background thread, beside the loop's collectives."""
-        if not self.in_group:
-            return fn(*args)
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                              timeout=datetime.timedelta(hours=1))  # a cold compile takes minutes, not hours
-        key = f"leanrl/{fn.__name__}"
-        if self.rank > 0:
-            store.wait([key])
-            return
-        try:
-            fn(*args)
-        finally:
-            store.set(key, "done")
 
     def close(self):
         if self.in_group:
@@ -497,8 +443,8 @@ def params_digest(agent) -> str:
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
 
 
-def make_units(agent: Agent, agent_inference: Agent, args: Args, dist_: Dist, device, compiled: bool):
-    """The training state around `agent` (optimizer) and the units the loop calls, compiled if `compiled`.
+def make_units(agent: Agent, agent_inference: Agent, args: Args, dist_: Dist, device):
+    """The training state around `agent` (optimizer) and the units the loop calls, compiled with --compile.
     `agent_inference` is the rollout's copy of `agent`; it is made to share `agent`'s storage here."""
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     # lr is a tensor updated in place, so annealing never re-traces the compiled update; CUDA graphs replay the
@@ -509,83 +455,13 @@ def make_units(agent: Agent, agent_inference: Agent, args: Args, dist_: Dist, de
                         act=partial(policy, agent_inference),
                         advantage=partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda),
                         learn=partial(update, agent, optimizer, args, dist_))
-    if compiled:
+    if args.compile:
         u.act, u.advantage, u.learn = torch.compile(u.act), torch.compile(u.advantage), torch.compile(u.learn)
     return u
 
 
 def add_cudagraphs(u):
     u.act, u.advantage, u.learn = CudaGraphModule(u.act), CudaGraphModule(u.advantage), CudaGraphModule(u.learn)
-
-
-def warm_up(u, args: Args, device, obs_shape, n_actions: int):
-    """Call every unit on dummy inputs of the loop's shapes (zeros), so that each compiles now. No random numbers are
-    drawn: the policy samples with the noise it is given. Every input is a tensor of its own, as in the loop: Dynamo
-    specializes a graph on two inputs being the same tensor, and would compile again in the loop."""
-    T, N = args.num_steps, args.num_envs
-    u.act(torch.zeros((N,) + obs_shape, dtype=torch.uint8, device=device), torch.zeros(N, n_actions, device=device))
-    u.advantage(*[torch.zeros(N, device=device) for _ in range(2)],
-                *[torch.zeros(T, N, device=device) for _ in range(3)])
-    mb = args.minibatch_size
-    obs = torch.zeros((mb,) + obs_shape, dtype=torch.uint8, device=device)
-    actions = torch.zeros(mb, dtype=torch.long, device=device)
-    # the advantages' moments as the loop passes them: a view per minibatch into one tensor each
-    adv_mean, adv_std = torch.zeros(2, device=device), torch.ones(2, device=device)
-    for n in range(2):  # the first Adam step creates the optimizer's state, the second runs the steady graph
-        u.learn(obs, actions, *[torch.zeros(mb, device=device) for _ in range(4)], adv_mean[n], adv_std[n])
-    return u
-
-
-def fill_compile_cache(log_dir: str):
-    """--compile-async, first stage: this same command with --compile-cache-only, in a subprocess with one compile
-    thread. The costly part (tracing, Inductor's code generation and C++ builds, autotuning) then runs in another
-    interpreter, off the training loop's GIL and core, and the compile in this process comes from Inductor's on-disk
-    cache. A run that ends first leaves it to finish, so the next run starts warm."""
-    with open(os.path.join(log_dir, "compile_async.log"), "w") as log:
-        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
-                                  "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
-                                 stdout=log, stderr=log)
-        if child.wait():
-            raise RuntimeError(f"the compile subprocess exited {child.returncode}; see {log.name}")
-
-
-class BackgroundCompile:
-    """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
-    trains eagerly. A failure in the thread is raised in the loop by result()."""
-
-    def __init__(self, build):
-        self.units = self.error = self.seconds = None
-        self.thread = threading.Thread(target=self.run, args=(build,), daemon=True)  # Ctrl-C does not wait for it
-        self.thread.start()
-
-    def run(self, build):
-        t0 = time.perf_counter()
-        try:
-            self.units = build()
-        except Exception as e:
-            self.error = e
-        self.seconds = time.perf_counter() - t0
-
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise RuntimeError("the background compile failed") from self.error
-        return self.units
-
-
-def load_units(dst, src):
-    """Copy the training state of units `src` into units `dst` in place (the compiled code keeps the tensors it was
-    traced with): parameters, Adam's moments, step counts and lr; no Adam state yet (no update so far) is zeros, as
-    Adam would create it. Exact copies: the swap changes no result."""
-    with torch.no_grad():
-        for p, q in zip(src.agent.parameters(), dst.agent.parameters()):
-            q.copy_(p)
-            for key, value in dst.optimizer.state[q].items():
-                value.copy_(src.optimizer.state[p][key]) if src.optimizer.state[p] else value.zero_()
-        dst.optimizer.param_groups[0]["lr"].copy_(src.optimizer.param_groups[0]["lr"])
 
 
 STAT_NAMES = ("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
@@ -676,30 +552,13 @@ def main(args: Args):
     # envpool seeds env i with seed + i: rank r's envs continue the numbering, every env of the job its own seed
     envs = make_envs(args, seed=args.seed + rank * args.num_envs + (ckpt["global_step"] if ckpt else 0))
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
-    # global generator after compiling each function, and with --compile-async that happens in another thread,
-    # mid-rollout, which would replay numbers the loop already drew
+    # global generator after compiling each function, which would replay numbers the loop already drew
     rng = torch.Generator(device).manual_seed(args.seed + rank)  # each rank its own stream
     agent = Agent(envs.action_space.n, use_bf16).to(device)
     dist_.broadcast_params(agent)
-    if args.compile_cache_only:  # see fill_compile_cache
-        warm_up(make_units(agent, inference_copy(agent), args, dist_, device, True), args, device,
-                envs.observation_space.shape, envs.action_space.n)
-        return envs.close()
-    u = make_units(agent, inference_copy(agent), args, dist_, device, args.compile and not args.compile_async)
-    if args.cudagraphs and not args.compile_async:
+    u = make_units(agent, inference_copy(agent), args, dist_, device)
+    if args.cudagraphs:
         add_cudagraphs(u)
-    pending = None
-    if args.compile_async:  # a second set of units on copies of the agent (deepcopy draws no random numbers)
-        twin = copy.deepcopy(agent)
-
-        def build():
-            # one compile subprocess for the job: the ranks compile the same shapes and, on one machine, share
-            # Inductor's cache dir, so the others wait for rank 0's to fill it rather than compete for the cores
-            dist_.rank0_first(fill_compile_cache, log_dir)
-            return warm_up(make_units(twin, copy.deepcopy(twin), args, dist_, device, True), args, device,
-                           envs.observation_space.shape, envs.action_space.n)
-
-        pending = BackgroundCompile(build)
 
     shape = (args.num_steps, args.num_envs)
     buf = TensorDict(obs=torch.zeros(shape + envs.observation_space.shape, dtype=torch.uint8),
@@ -742,24 +601,11 @@ def main(args: Args):
     bar = tqdm.tqdm(total=args.num_iterations * global_batch, initial=global_step, unit="step", dynamic_ncols=True,
                     disable=not lead)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
-    compiled_from = start_iteration if args.compile and not args.compile_async else None
-    swap_iteration = time_to_compiled = compile_time = None
     stop_all, mean_return = False, None
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             dist_.t_sync = 0.0
-            swap_at = args.compile_swap_iteration
-            # all ranks swap at the same iteration, or their numbers part (compiled units round differently)
-            if pending and (iteration >= swap_at if swap_at else dist_.all_true(pending.done())):
-                compiled, compile_time = pending.result(), pending.seconds
-                load_units(compiled, u)
-                if args.cudagraphs:
-                    add_cudagraphs(compiled)
-                u, pending, compiled_from, swap_iteration = compiled, None, iteration, iteration
-                if lead:
-                    bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)",
-                              file=sys.stderr)
             if args.anneal_lr:
                 lr = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
                 u.optimizer.param_groups[0]["lr"].copy_(lr)
@@ -793,10 +639,6 @@ def main(args: Args):
                 if (args.target_kl is not None
                         and dist_.all_reduce(losses[-1][0].clone()) / args.world_size > args.target_kl):
                     break
-            if pending:
-                # a compile in progress sets torch.compiler.is_compiling() for the whole process, which moves the last
-                # bit of some eager Adam steps on that rank alone: rank 0's parameters everywhere again
-                dist_.broadcast_params(u.agent)
             losses = torch.stack(losses).mean(0).tolist()  # the iteration's one host sync
             t_update = time.perf_counter() - t0
 
@@ -813,7 +655,6 @@ def main(args: Args):
                        episodic_return=mean_return, episodic_length=stats.mean_length(),
                        t_rollout=t_rollout, t_env=t_env, t_policy=t_policy, t_gae=t_gae, t_update=t_update,
                        t_sync=dist_.t_sync, world_size=args.world_size, lr=u.optimizer.param_groups[0]["lr"].item(),
-                       compiled=compiled_from is not None,
                        **dict(zip(STAT_NAMES, losses)))
             if lead:
                 metrics.write(json.dumps(row) + "\n")
@@ -821,8 +662,6 @@ def main(args: Args):
                 run.log(row, step=global_step)
             bar.update(global_batch)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if iteration == compiled_from:
-                time_to_compiled = now - start
             if stop_all:  # some rank was asked to stop: all stop after the same iteration
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -841,18 +680,14 @@ def main(args: Args):
         digests = dist_.all_gather_object(params_digest(u.agent))
         dist_.close()
     if not lead:  # rank 0 reports the run (exit 130 when stopped); a non-zero exit here would have torchrun
-        if pending is not None:  # tear rank 0 down while it writes the summary (os._exit: see the end of main)
-            os._exit(0)
-        sys.exit(0)
+        sys.exit(0)  # tear rank 0 down while it writes the summary
 
     steady = iter_times[args.measure_burnin:]
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), bf16=use_bf16, total_timesteps=args.total_timesteps,
                    global_step=global_step, wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
                    final_return=mean_return,
-                   compile_time=compile_time if args.compile_async else
-                   iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   swap_iteration=swap_iteration, time_to_compiled=time_to_compiled,
+                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
                    interrupted=stop.set, world_size=args.world_size, backend=dist_.backend,
                    rank_param_digests=digests)
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
@@ -862,12 +697,6 @@ def main(args: Args):
         run.finish()
     print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
           f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
-    if pending is not None:
-        # the run ended before the background compile did: a compiling thread cannot be stopped, and shutting the
-        # interpreter down under it aborts, so leave without waiting (logs, summary and checkpoint are written)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130 if stop.set else 0)
     if stop.set:
         sys.exit(130)
 

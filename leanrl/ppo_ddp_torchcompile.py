@@ -6,8 +6,6 @@ gradient and the Adam step, so every rank applies the same update and the parame
 being sent again. Advantages are normalized with each minibatch's statistics over all ranks (`--global-adv-norm`),
 which with the episode returns and the stop flag travel in one small all-reduce per iteration. Rank 0 logs.
 gloo on CPU, nccl on CUDA. doc/distributed.md has the launch commands (one machine, several) and the scaling.
-`--compile-async` works as in the base script; rank 0's compile subprocess fills Inductor's cache for every rank, and
-the ranks agree on the iteration at which they all swap in their compiled units.
 
     python leanrl/ppo_ddp_torchcompile.py --compile                                 # one process, no launcher
     torchrun --nproc-per-node 2 leanrl/ppo_ddp_torchcompile.py --compile            # 2 ranks on this machine
@@ -29,7 +27,6 @@ doc/classic_control.md has the measurements behind each of these.
 """
 
 import contextlib
-import copy
 import datetime
 import functools
 import hashlib
@@ -38,9 +35,7 @@ import json
 import os
 import platform
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -118,16 +113,6 @@ class Args:
 
     compile: bool = False
     """if toggled, wrap the policy, gae and update units in torch.compile"""
-    compile_async: bool = False
-    """with --compile: train eagerly from the first step while the units compile (a subprocess fills Inductor's cache,
-    then a background thread compiles from it and warms up), then swap them in at an iteration boundary
-    (summary.json: compile_time, swap_iteration, time_to_compiled)"""
-    compile_cache_only: bool = False
-    """with --compile: compile the units and run them once on dummy inputs of this run's shapes, which fills Inductor's
-    on-disk cache, then exit without training (what --compile-async runs in a subprocess; also warms a cache by hand)"""
-    compile_swap_iteration: Optional[int] = None
-    """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
-    reproducible eager/compiled split); default: the first iteration boundary after it is done"""
     cudagraphs: bool = False
     """if toggled, wrap the policy, gae and update units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     measure_burnin: int = 3
@@ -199,12 +184,6 @@ def check_args(args: Args):
         fail(f"--num-threads must be positive, got {args.num_threads}")
     if args.dist_timeout <= 0:
         fail(f"--dist-timeout must be positive, got {args.dist_timeout}")
-    if args.compile_async and not args.compile:
-        fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
-    if args.compile_cache_only and not args.compile:
-        fail("--compile-cache-only needs --compile")
-    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
-        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
     check_env_id(args.env_id)
     if args.capture_video:
         try:
@@ -230,9 +209,7 @@ class Dist:
         own_gpu = self.device.type == "cuda" and local_world_size <= torch.cuda.device_count()
         self.backend = "nccl" if own_gpu else "gloo"
         self.t_sync = 0.0  # seconds spent in collectives, reset every iteration
-        # --compile-cache-only keeps the job's world size, which shapes the compiled update (the all-reduce's graph
-        # break), but joins no group: it only compiles, and skips the collectives
-        self.in_group = self.world_size > 1 and not args.compile_cache_only
+        self.in_group = self.world_size > 1
         if self.in_group:
             # the timeout bounds every collective: a rank that died or hangs stops the others with an error
             dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=args.dist_timeout),
@@ -253,8 +230,7 @@ class Dist:
         self.t_sync += time.perf_counter() - t0
 
     def broadcast_params(self, module: nn.Module):
-        """Rank 0's parameters everywhere: with identical updates afterwards they need sending again only while a
-        background compile runs (see the loop)."""
+        """Rank 0's parameters everywhere: with identical updates afterwards they never need sending again."""
         if self.in_group:
             flat = torch.cat([p.detach().flatten() for p in module.parameters()])
             with self.collective():
@@ -264,20 +240,11 @@ class Dist:
                     p.copy_(x.view_as(p))
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum of x over the ranks, in place (x itself on one rank). Only the loop's thread communicates: a background
-        compile warms its units up alone, so the gradient all-reduce in them is skipped there (x itself)."""
-        if self.in_group and threading.current_thread() is threading.main_thread():
+        """Sum of x over the ranks, in place (x itself on one rank)."""
+        if self.in_group:
             with self.collective():
                 dist.all_reduce(x)
         return x
-
-    def all_true(self, flag: bool) -> bool:
-        """Whether `flag` holds on every rank: one all-reduce (MIN) of one number, so that all ranks decide alike."""
-        x = torch.tensor(float(flag), device=self.device)
-        if self.in_group:
-            with self.collective():
-                dist.all_reduce(x, op=dist.ReduceOp.MIN)
-        return bool(x)
 
     def all_gather_object(self, obj) -> list:
         out = [None] * self.world_size
@@ -286,23 +253,6 @@ class Dist:
         with self.collective():
             dist.all_gather_object(out, obj)
         return out
-
-    def rank0_first(self, fn, *args):
-        """fn(*args) on rank 0, while the other ranks wait until it has ended (or failed). The signal goes through the
-        job's key-value store (the one torchrun serves at MASTER_ADDR:MASTER_PORT, joined as a client), not a
-        collective: this runs in a background thread, beside the loop's collectives."""
-        if not self.in_group:
-            return fn(*args)
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                              timeout=datetime.timedelta(hours=1))  # a cold compile takes minutes, not hours
-        key = f"leanrl/{fn.__name__}"
-        if self.rank > 0:
-            store.wait([key])
-            return
-        try:
-            fn(*args)
-        finally:
-            store.set(key, "done")
 
     def close(self):
         if self.in_group:
@@ -525,8 +475,8 @@ def make_optimizer(agent, lr, capturable: bool):
     return optimizer
 
 
-def make_units(agent, agent_inference, args, dist_, device, compiled: bool):
-    """The training state around `agent` (optimizer, lr) and the units the loop calls, compiled if `compiled`.
+def make_units(agent, agent_inference, args, dist_, device):
+    """The training state around `agent` (optimizer, lr) and the units the loop calls, compiled with --compile.
     `agent_inference` becomes the rollout's copy: same storage, plain tensors without requires_grad (tensordict
     >= 0.14 would otherwise keep its own Parameters, requires_grad and all, and only swap their data)."""
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
@@ -535,7 +485,7 @@ def make_units(agent, agent_inference, args, dist_, device, compiled: bool):
     u = SimpleNamespace(agent=agent, optimizer=optimizer, lr=lr, policy=agent_inference.act,
                         evaluate=agent_inference.forward, get_value=agent_inference.get_value, gae=gae,
                         update=functools.partial(update, agent, optimizer, lr, args, dist_))
-    if compiled:
+    if args.compile:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
         # to ~245 us on a CPU
@@ -554,78 +504,6 @@ def make_units(agent, agent_inference, args, dist_, device, compiled: bool):
 def add_cudagraphs(u):
     for name in ("policy", "evaluate", "get_value", "gae", "update"):
         setattr(u, name, CudaGraphModule(getattr(u, name)))
-
-
-def warm_up(u, args, device, n_obs: int, n_actions: int):
-    """Call every unit on dummy inputs of the loop's shapes and layouts, so that each compiles now. Zeros only: no
-    random numbers are drawn, so the training run's random stream is the same as without --compile-async. Every input
-    is a tensor of its own, as in the loop: Dynamo specializes a graph on two inputs being the same tensor, and would
-    compile again in the loop."""
-    T, N = args.num_steps, args.num_envs
-    obs, actions = torch.zeros(T, N, n_obs, device=device), torch.zeros(T, N, dtype=torch.long, device=device)
-    u.policy(obs[0], torch.zeros(N, n_actions, device=device))
-    logprobs, _, values = u.evaluate(obs, actions)
-    rewards, dones = torch.zeros(T, N, device=device), torch.zeros(T, N, device=device)
-    advantages, returns = u.gae(u.get_value(obs[0]), torch.zeros(N, device=device), rewards, dones, values, args.gamma,
-                                args.gae_lambda)
-    batch = [x.flatten(0, 1) for x in (obs, actions, logprobs, advantages, returns, values)]
-    # the advantages' moments as the loop passes them: a view per minibatch into one tensor each
-    adv_mean, adv_std = (torch.zeros(args.num_minibatches, device=device),
-                         torch.ones(args.num_minibatches, device=device))
-    for n, inds in enumerate(torch.arange(args.batch_size, device=device).view(args.num_minibatches, -1)):
-        u.update(*batch, inds, adv_mean[n], adv_std[n])
-    return u
-
-
-def fill_compile_cache(log_dir: str):
-    """--compile-async, first stage: this same command with --compile-cache-only, in a subprocess with one compile
-    thread. The costly part (tracing, Inductor's code generation and C++ builds, autotuning) then runs in another
-    interpreter, off the training loop's GIL and core, and the compile in this process comes from Inductor's on-disk
-    cache. A run that ends first leaves it to finish, so the next run starts warm."""
-    with open(os.path.join(log_dir, "compile_async.log"), "w") as log:
-        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
-                                  "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
-                                 stdout=log, stderr=log)
-        if child.wait():
-            raise RuntimeError(f"the compile subprocess exited {child.returncode}; see {log.name}")
-
-
-class BackgroundCompile:
-    """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
-    trains eagerly. A failure in the thread is raised in the loop by result()."""
-
-    def __init__(self, build):
-        self.units = self.error = self.seconds = None
-        self.thread = threading.Thread(target=self.run, args=(build,), daemon=True)  # Ctrl-C does not wait for it
-        self.thread.start()
-
-    def run(self, build):
-        t0 = time.perf_counter()
-        try:
-            self.units = build()
-        except Exception as e:
-            self.error = e
-        self.seconds = time.perf_counter() - t0
-
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise RuntimeError("the background compile failed") from self.error
-        return self.units
-
-
-def load_units(dst, src):
-    """Copy the training state of units `src` into units `dst` in place (the compiled code keeps the tensors it was
-    traced with): parameters, Adam's moments and step counts, lr. Exact copies, so the swap changes no result."""
-    with torch.no_grad():
-        for p, q in zip(src.agent.parameters(), dst.agent.parameters()):
-            q.copy_(p)
-            for key, value in src.optimizer.state[p].items():
-                dst.optimizer.state[q][key].copy_(value)
-        dst.lr.copy_(src.lr)
 
 
 class Episodes:
@@ -722,32 +600,14 @@ def main(args: Args):
 
     envs = make_envs(args, os.path.join(log_dir, "videos"), rank)
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
-    # global generator after compiling each function, and with --compile-async that happens in another thread,
-    # mid-rollout, which would replay numbers the loop already drew
+    # global generator after compiling each function, which would replay numbers the loop already drew
     rng = torch.Generator(device).manual_seed(args.seed + rank)  # each rank its own stream
     n_obs, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
     agent = Agent(n_obs, n_actions).to(device)
     dist_.broadcast_params(agent)
-    if args.compile_cache_only:  # see fill_compile_cache
-        warm_up(make_units(agent, Agent(n_obs, n_actions).to(device), args, dist_, device, True), args, device,
-                n_obs, n_actions)
-        return envs.close()
-    u = make_units(agent, Agent(n_obs, n_actions).to(device), args, dist_, device,
-                   args.compile and not args.compile_async)
-    if args.cudagraphs and not args.compile_async:
+    u = make_units(agent, Agent(n_obs, n_actions).to(device), args, dist_, device)
+    if args.cudagraphs:
         add_cudagraphs(u)
-    pending = None
-    if args.compile_async:  # a second set of units on copies of the agent, compiled off the critical path
-        twin = copy.deepcopy(agent)
-
-        def build():
-            # one compile subprocess for the job: the ranks compile the same shapes and, on one machine, share
-            # Inductor's cache dir, so the others wait for rank 0's to fill it rather than compete for the cores
-            dist_.rank0_first(fill_compile_cache, log_dir)
-            return warm_up(make_units(twin, copy.deepcopy(twin), args, dist_, device, True), args, device, n_obs,
-                           n_actions)
-
-        pending = BackgroundCompile(build)
     shape = (args.num_steps, args.num_envs)
     buf = dict(obs=torch.zeros(shape + (n_obs,), device=device), actions=torch.zeros(shape, dtype=torch.long, device=device),
                **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")})
@@ -790,24 +650,11 @@ def main(args: Args):
     bar = tqdm.tqdm(total=args.num_iterations * global_batch, initial=global_step, unit="step", dynamic_ncols=True,
                     disable=not lead)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
-    compiled_from = start_iteration if args.compile and not args.compile_async else None
-    swap_iteration = time_to_compiled = compile_time = None
     stop_all, mean_return = False, None
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             dist_.t_sync = 0.0
-            swap_at = args.compile_swap_iteration
-            # all ranks swap at the same iteration, or their numbers part (compiled units round differently)
-            if pending and (iteration >= swap_at if swap_at else dist_.all_true(pending.done())):
-                compiled, compile_time = pending.result(), pending.seconds
-                load_units(compiled, u)
-                if args.cudagraphs:
-                    add_cudagraphs(compiled)
-                u, pending, compiled_from, swap_iteration = compiled, None, iteration, iteration
-                if lead:
-                    bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)",
-                              file=sys.stderr)
             if args.anneal_lr:
                 u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
 
@@ -842,10 +689,6 @@ def main(args: Args):
                 if (args.target_kl is not None
                         and dist_.all_reduce(stats[n - 1, 0].clone()) / args.world_size > args.target_kl):
                     break
-            if pending:
-                # a compile in progress sets torch.compiler.is_compiling() for the whole process, which moves the last
-                # bit of some eager Adam steps on that rank alone: rank 0's parameters everywhere again
-                dist_.broadcast_params(u.agent)
             t_update = time.perf_counter() - t0
 
             # steady-state fps: whole iterations after the burn-in
@@ -859,7 +702,6 @@ def main(args: Args):
             row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
                        episodic_return=mean_return, t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
                        t_gae=t_gae, t_update=t_update, t_sync=dist_.t_sync, world_size=args.world_size, lr=u.lr.item(),
-                       compiled=compiled_from is not None,
                        **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"),
                                   stats[:n].mean(0).tolist())))  # the one host sync of the iteration
             if lead:
@@ -868,11 +710,10 @@ def main(args: Args):
                 run.log(row, step=global_step)
             bar.update(global_batch)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if iteration == compiled_from:
+            if args.compile and iteration == start_iteration:
                 # every unit has compiled and nothing its guards check can change any more: stop checking them
                 # (~40 us of a ~330 us update, ~10 us of a policy step)
                 torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-                time_to_compiled = now - start
             if stop_all:  # some rank was asked to stop: all stop after the same iteration
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -892,17 +733,13 @@ def main(args: Args):
         digests = dist_.all_gather_object(params_digest(u.agent))
         dist_.close()
     if not lead:  # rank 0 reports the run (exit 130 when stopped); a non-zero exit here would have torchrun
-        if pending is not None:  # tear rank 0 down while it writes the summary (os._exit: see the end of main)
-            os._exit(0)
-        sys.exit(0)
+        sys.exit(0)  # tear rank 0 down while it writes the summary
 
     steady = iter_times[args.measure_burnin:]
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
                    wall_time=time.perf_counter() - start, fps=fps if measure_from else None, final_return=mean_return,
-                   compile_time=compile_time if args.compile_async else
-                   iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   swap_iteration=swap_iteration, time_to_compiled=time_to_compiled,
+                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
                    interrupted=stop.set, world_size=args.world_size, backend=dist_.backend,
                    rank_param_digests=digests)
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
@@ -912,12 +749,6 @@ def main(args: Args):
         run.finish()
     print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
           f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
-    if pending is not None:
-        # the run ended before the background compile did: a compiling thread cannot be stopped, and shutting the
-        # interpreter down under it aborts, so leave without waiting (logs, summary and checkpoint are written)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130 if stop.set else 0)
     if stop.set:
         sys.exit(130)
 
