@@ -1,16 +1,14 @@
 """ppo_torchcompile.py made synchronous data-parallel (DD-PPO style) on torch.distributed, launched with torchrun.
 
-Every rank is a copy of ppo_torchcompile.py stepping its own envs (seeded apart); the ranks start from rank 0's
-parameters and, every minibatch, average their gradients with one all-reduce of one flat buffer between the
-gradient and the Adam step, so every rank applies the same update and the parameters stay identical without ever
-being sent again. Advantages are normalized with each minibatch's statistics over all ranks (`--global-adv-norm`),
-which with the episode returns and the stop flag travel in one small all-reduce per iteration. Rank 0 logs.
-gloo on CPU, nccl on CUDA. doc/distributed.md has the launch commands (one machine, several) and the scaling.
-
-    python leanrl/ppo_ddp_torchcompile.py --compile                                 # one process, no launcher
-    torchrun --nproc-per-node 2 leanrl/ppo_ddp_torchcompile.py --compile            # 2 ranks on this machine
-
+Every rank steps its own envs (seeded apart) and starts from rank 0's parameters; every minibatch the ranks average
+their gradients (one all-reduce of one flat buffer, between the gradient and the Adam step), so all apply the same
+update and the parameters stay identical without being sent again. Advantages are normalized with each minibatch's
+moments over all ranks (`--global-adv-norm`); these, the episode returns and the stop flag travel in one small
+all-reduce per iteration. Rank 0 logs. gloo on CPU, nccl on CUDA; doc/distributed.md has launch commands and scaling.
 What follows is ppo_torchcompile.py's own description, all of which holds per rank.
+
+PPO on discrete classic control (CartPole-v1), restructured to run as fast as the hardware allows.
+
 The algorithm, network and defaults of ppo.py (CleanRL's), cut LeanRL-style into units that torch.compile and
 CUDA graphs can wrap: `policy` (one rollout step), `gae`, and `update` (one minibatch, optimizer step inside).
 On a CPU a 64-unit MLP costs less than the machinery around it, so the tricks here remove machinery:
@@ -24,6 +22,9 @@ On a CPU a 64-unit MLP costs less than the machinery around it, so the tricks he
   instead of four (forward, autograd backward, clip, optimizer.step, which forces a graph break);
 - lr is a tensor changed in place (no recompilation), and once everything has compiled the guards are skipped.
 doc/classic_control.md has the measurements behind each of these.
+
+    python leanrl/ppo_ddp_torchcompile.py --compile                       # one process, no launcher
+    torchrun --nproc-per-node 2 leanrl/ppo_ddp_torchcompile.py --compile  # 2 ranks on this machine
 """
 
 import contextlib
@@ -199,29 +200,27 @@ class Dist:
 
     def __init__(self, args: Args):
         self.rank, self.world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         self.device = torch.device("cpu")
         if torch.cuda.is_available() and args.cuda:
-            self.device = torch.device("cuda", local_rank % torch.cuda.device_count())
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         # NCCL wants one GPU per rank; gloo runs on CPU, and on CUDA tensors when ranks share a GPU
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         own_gpu = self.device.type == "cuda" and local_world_size <= torch.cuda.device_count()
         self.backend = "nccl" if own_gpu else "gloo"
         self.t_sync = 0.0  # seconds spent in collectives, reset every iteration
-        self.in_group = self.world_size > 1
-        if self.in_group:
-            # the timeout bounds every collective: a rank that died or hangs stops the others with an error
+        if self.world_size > 1:  # the timeout bounds every collective: a rank that died or hangs stops the others
             dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=args.dist_timeout),
                                     device_id=self.device if own_gpu else None)
 
-    @contextlib.contextmanager
-    def collective(self):
-        """Times a collective into t_sync; a dead or hung peer (connection closed, or --dist-timeout passed)
-        ends this rank at once with one clear line instead of a traceback from deep inside gloo/nccl."""
+    def collective(self, op, *op_args):
+        """op(*op_args) over the ranks, timed into t_sync (nothing on one rank); a dead or hung peer (connection closed,
+        or --dist-timeout passed) ends this rank at once with one clear line, not a traceback from inside gloo/nccl."""
+        if self.world_size == 1:
+            return
         t0 = time.perf_counter()
         try:
-            yield
+            op(*op_args)
         except RuntimeError as e:
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0].rsplit("] ", 1)[-1][:160]
             print(f"\nerror: rank {self.rank} of {self.world_size} lost the other ranks ({reason}); stopping",
@@ -230,32 +229,22 @@ class Dist:
         self.t_sync += time.perf_counter() - t0
 
     def broadcast_params(self, module: nn.Module):
-        """Rank 0's parameters everywhere: with identical updates afterwards they never need sending again."""
-        if self.in_group:
-            flat = torch.cat([p.detach().flatten() for p in module.parameters()])
-            with self.collective():
-                dist.broadcast(flat, 0)
-            with torch.no_grad():  # in place: the inference copy shares this storage
-                for p, x in zip(module.parameters(), flat.split([p.numel() for p in module.parameters()])):
-                    p.copy_(x.view_as(p))
+        """Rank 0's parameters everywhere, in place: with identical updates afterwards they never need sending again."""
+        for p in module.parameters():
+            self.collective(dist.broadcast, p.detach(), 0)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum of x over the ranks, in place (x itself on one rank)."""
-        if self.in_group:
-            with self.collective():
-                dist.all_reduce(x)
+        """Sum of x over the ranks, in place."""
+        self.collective(dist.all_reduce, x)
         return x
 
     def all_gather_object(self, obj) -> list:
-        out = [None] * self.world_size
-        if not self.in_group:
-            return [obj]
-        with self.collective():
-            dist.all_gather_object(out, obj)
+        out = [obj] * self.world_size
+        self.collective(dist.all_gather_object, out, obj)
         return out
 
     def close(self):
-        if self.in_group:
+        if self.world_size > 1:
             dist.destroy_process_group()
 
 
@@ -274,8 +263,7 @@ def make_envs(args: Args, video_dir: str, rank: int):
     # copy=False hands back the env's own obs array (rollout copies it before the next step) instead of a deepcopy.
     return gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, args.capture_video and rank == 0, video_dir) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False,
-    )
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
 
 
 def env_parts(env):
@@ -418,8 +406,7 @@ def update(agent, optimizer, lr, args, dist_, obs, actions, logprobs, advantages
            adv_std):
     """One minibatch step. Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm].
     Gradients from torch.func.grad and the step from torch.optim's functional Adam, on the optimizer's own state:
-    compiled, this function is one graph per side of the gradient all-reduce (loss.backward() and
-    optimizer.step() would each break it again)."""
+    compiled, it is one graph either side of the all-reduce (loss.backward() and optimizer.step() would each break it)."""
     params = {name: p.detach() for name, p in agent.named_parameters()}
     grads, stats = torch.func.grad(ppo_loss, has_aux=True)(
         params, agent, args, obs[inds], actions[inds], logprobs[inds], advantages[inds], returns[inds], values[inds],
@@ -440,10 +427,9 @@ def update(agent, optimizer, lr, args, dist_, obs, actions, logprobs, advantages
 
 
 def sync_iteration(dist_: Dist, args: Args, advantages, perms, episodes, stop: bool):
-    """The iteration's one small all-reduce, before the update: for every minibatch of every epoch the sum and sum
-    of squares of its advantages (so each rank normalizes with the minibatch's mean and std over all ranks), the
-    returns of every rank's recent episodes, and whether any rank was asked to stop (all stop together).
-    Returns (mean, std) per minibatch, the mean recent return over all ranks, and the stop decision."""
+    """The iteration's one small all-reduce, before the update: every minibatch's sum and sum of squares of advantages
+    (each rank normalizes with the moments over all ranks), every rank's recent episode returns, and whether any rank
+    was asked to stop (all stop together). Returns (mean, std) per minibatch, the mean return, and the stop decision."""
     mb = advantages.flatten()[perms]  # (epochs x minibatches, minibatch size)
     recent = list(episodes.finished)
     sums = torch.cat([mb.double().sum(-1), mb.double().square().sum(-1),
@@ -454,8 +440,8 @@ def sync_iteration(dist_: Dist, args: Args, advantages, perms, episodes, stop: b
         mean, std = mb.mean(-1), mb.std(-1)
     else:
         n = mb.shape[1] * args.world_size
-        mean = sums[:n_mb].to(mb.device) / n
-        std = ((sums[n_mb:2 * n_mb].to(mb.device) - n * mean * mean) / (n - 1)).clamp_min(0).sqrt()
+        mean = sums[:n_mb] / n
+        std = ((sums[n_mb:2 * n_mb] - n * mean * mean) / (n - 1)).clamp_min(0).sqrt()
     return mean.float(), std.float(), (sums[-3].item() / count if count else None), sums[-1].item() > 0
 
 
@@ -475,8 +461,8 @@ def make_optimizer(agent, lr, capturable: bool):
     return optimizer
 
 
-def make_units(agent, agent_inference, args, dist_, device):
-    """The training state around `agent` (optimizer, lr) and the units the loop calls, compiled with --compile.
+def make_units(agent, agent_inference, args, dist_, device, compiled: bool):
+    """The training state around `agent` (optimizer, lr) and the units the loop calls, compiled if `compiled`.
     `agent_inference` becomes the rollout's copy: same storage, plain tensors without requires_grad (tensordict
     >= 0.14 would otherwise keep its own Parameters, requires_grad and all, and only swap their data)."""
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
@@ -485,11 +471,11 @@ def make_units(agent, agent_inference, args, dist_, device):
     u = SimpleNamespace(agent=agent, optimizer=optimizer, lr=lr, policy=agent_inference.act,
                         evaluate=agent_inference.forward, get_value=agent_inference.get_value, gae=gae,
                         update=functools.partial(update, agent, optimizer, lr, args, dist_))
-    if args.compile:
+    if compiled:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
-        # to ~245 us on a CPU
-        opts = dict(cpp_wrapper=True, max_autotune=True)
+        # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
+        opts = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
         if device.type == "cuda":
             # on a CPU the policy step stays eager: compiled it is faster alone (29 vs 34 us) but slower in the
             # rollout, where it and the env evict each other from the caches (93 vs 83 us per env+policy step)
@@ -539,15 +525,18 @@ def machine_info(device: torch.device) -> dict:
 
 
 class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once."""
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
+    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
 
     def __init__(self):
-        self.set = False
+        self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
+        if not self.iterated:
+            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
+            os._exit(130)
         if self.set:
             raise KeyboardInterrupt
         self.set = True
@@ -560,7 +549,7 @@ def save_checkpoint(path: str, payload: dict):
     os.replace(tmp, path)  # atomic: a crash mid-write never leaves a truncated agent.pt
 
 
-def load_checkpoint(args: Args, world_size: int) -> dict:
+def load_checkpoint(args: Args) -> dict:
     try:
         ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
@@ -568,7 +557,7 @@ def load_checkpoint(args: Args, world_size: int) -> dict:
     for key in ("env_id", "num_envs", "num_steps"):
         if ckpt["args"][key] != getattr(args, key):
             fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
-    if ckpt["world_size"] != world_size:  # every rank resumes its own envs
+    if ckpt["world_size"] != args.world_size:  # every rank resumes its own envs
         fail(f"--resume {args.resume} was trained with {ckpt['world_size']} ranks; launch {ckpt['world_size']}")
     return ckpt
 
@@ -586,7 +575,7 @@ def main(args: Args):
     if lead:
         os.makedirs(log_dir, exist_ok=True)
 
-    torch.manual_seed(args.seed + rank)  # the initial parameters (rank 0's are broadcast); the loop draws from `rng`
+    torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.num_threads)
     device = dist_.device
@@ -600,12 +589,12 @@ def main(args: Args):
 
     envs = make_envs(args, os.path.join(log_dir, "videos"), rank)
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
-    # global generator after compiling each function, which would replay numbers the loop already drew
+    # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed + rank)  # each rank its own stream
     n_obs, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
     agent = Agent(n_obs, n_actions).to(device)
     dist_.broadcast_params(agent)
-    u = make_units(agent, Agent(n_obs, n_actions).to(device), args, dist_, device)
+    u = make_units(agent, Agent(n_obs, n_actions).to(device), args, dist_, device, args.compile)
     if args.cudagraphs:
         add_cudagraphs(u)
     shape = (args.num_steps, args.num_envs)
@@ -618,14 +607,14 @@ def main(args: Args):
     next_obs, _ = envs.reset(seed=args.seed + rank * args.num_envs)
     next_done = np.zeros(args.num_envs, dtype=bool)
     if args.resume:
-        ckpt = load_checkpoint(args, args.world_size)
+        ckpt = load_checkpoint(args)
         u.agent.load_state_dict(ckpt["agent"])
         u.optimizer.load_state_dict(ckpt["optimizer"])
-        own = ckpt["ranks"][rank]
-        rng.set_state(own["rng"])
-        set_env_state(envs, own["env"])
-        next_obs, next_done = own["next_obs"].numpy(), own["next_done"].numpy()
-        episodes.load(own["episodes"])
+        ckpt.update(ckpt["ranks"][rank])  # this rank's own envs, RNG and episodes
+        rng.set_state(ckpt["rng"])
+        set_env_state(envs, ckpt["env"])
+        next_obs, next_done = ckpt["next_obs"].numpy(), ckpt["next_done"].numpy()
+        episodes.load(ckpt["episodes"])
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
 
     def checkpoint(iteration):
@@ -644,13 +633,17 @@ def main(args: Args):
 
         run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
                          name=os.path.basename(log_dir), dir=log_dir, save_code=True)
-    metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1) if lead else None
+    metrics = open(os.path.join(log_dir, "metrics.jsonl") if lead else os.devnull, "a", buffering=1)
     stop = StopFlag()
     global_batch = args.batch_size * args.world_size
     bar = tqdm.tqdm(total=args.num_iterations * global_batch, initial=global_step, unit="step", dynamic_ncols=True,
                     disable=not lead)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
     stop_all, mean_return = False, None
+    if args.compile and lead:  # the first iteration compiles: say so, or a first run looks stuck
+        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.set_description("compiling")
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
@@ -697,15 +690,14 @@ def main(args: Args):
             if iteration - start_iteration + 1 == args.measure_burnin:
                 measure_from = (now, global_step)
             if measure_from and global_step > measure_from[1]:
-                fps = (global_step - measure_from[1]) / (now - measure_from[0])  # all ranks' steps: the global fps
+                fps = (global_step - measure_from[1]) / (now - measure_from[0])
             # episodic_return: all ranks' recent episodes; the losses are rank 0's (its minibatches, same parameters)
             row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
                        episodic_return=mean_return, t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
                        t_gae=t_gae, t_update=t_update, t_sync=dist_.t_sync, world_size=args.world_size, lr=u.lr.item(),
                        **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"),
                                   stats[:n].mean(0).tolist())))  # the one host sync of the iteration
-            if lead:
-                metrics.write(json.dumps(row) + "\n")
+            metrics.write(json.dumps(row) + "\n")
             if run:
                 run.log(row, step=global_step)
             bar.update(global_batch)
@@ -714,6 +706,8 @@ def main(args: Args):
                 # every unit has compiled and nothing its guards check can change any more: stop checking them
                 # (~40 us of a ~330 us update, ~10 us of a policy step)
                 torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+                bar.set_description("")
+            stop.iterated = True
             if stop_all:  # some rank was asked to stop: all stop after the same iteration
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -721,19 +715,16 @@ def main(args: Args):
     finally:
         torch.compiler.set_stance("default")
         bar.close()
-        if lead:
-            metrics.close()
+        metrics.close()
         envs.close()
-    stop.set = stop.set or stop_all
-    if forced:  # the ranks may be anywhere: no further collective (rank 0's logs are kept)
-        digests = [params_digest(u.agent)]
-    else:
-        if args.save_model and iteration >= start_iteration:
-            checkpoint(iteration)
-        digests = dist_.all_gather_object(params_digest(u.agent))
+    if args.save_model and not forced and iteration >= start_iteration:
+        checkpoint(iteration)
+    stop.set, digests = stop.set or stop_all, [params_digest(u.agent)]
+    if not forced:  # after a forced stop the ranks may be anywhere: no further collective (rank 0's logs are kept)
+        digests = dist_.all_gather_object(digests[0])
         dist_.close()
-    if not lead:  # rank 0 reports the run (exit 130 when stopped); a non-zero exit here would have torchrun
-        sys.exit(0)  # tear rank 0 down while it writes the summary
+    if not lead:  # rank 0 reports the run and its exit code (a non-zero one here: torchrun would tear rank 0 down)
+        sys.exit(0)
 
     steady = iter_times[args.measure_burnin:]
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
