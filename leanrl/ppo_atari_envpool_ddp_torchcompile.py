@@ -186,29 +186,27 @@ class Dist:
 
     def __init__(self, args: Args):
         self.rank, self.world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         self.device = torch.device("cpu")
         if torch.cuda.is_available() and args.cuda:
-            self.device = torch.device("cuda", local_rank % torch.cuda.device_count())
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         # NCCL wants one GPU per rank; gloo runs on CPU, and on CUDA tensors when ranks share a GPU
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         own_gpu = self.device.type == "cuda" and local_world_size <= torch.cuda.device_count()
         self.backend = "nccl" if own_gpu else "gloo"
         self.t_sync = 0.0  # seconds spent in collectives, reset every iteration
-        self.in_group = self.world_size > 1
-        if self.in_group:
-            # the timeout bounds every collective: a rank that died or hangs stops the others with an error
+        if self.world_size > 1:  # the timeout bounds every collective: a rank that died or hangs stops the others
             dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=args.dist_timeout),
                                     device_id=self.device if own_gpu else None)
 
-    @contextlib.contextmanager
-    def collective(self):
-        """Times a collective into t_sync; a dead or hung peer (connection closed, or --dist-timeout passed)
-        ends this rank at once with one clear line instead of a traceback from deep inside gloo/nccl."""
+    def collective(self, op, *op_args):
+        """op(*op_args) over the ranks, timed into t_sync (nothing on one rank); a dead or hung peer (connection closed,
+        or --dist-timeout passed) ends this rank at once with one clear line, not a traceback from inside gloo/nccl."""
+        if self.world_size == 1:
+            return
         t0 = time.perf_counter()
         try:
-            yield
+            op(*op_args)
         except RuntimeError as e:
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0].rsplit("] ", 1)[-1][:160]
             print(f"\nerror: rank {self.rank} of {self.world_size} lost the other ranks ({reason}); stopping",
@@ -217,32 +215,22 @@ class Dist:
         self.t_sync += time.perf_counter() - t0
 
     def broadcast_params(self, module: nn.Module):
-        """Rank 0's parameters everywhere: with identical updates afterwards they never need sending again."""
-        if self.in_group:
-            flat = torch.cat([p.detach().flatten() for p in module.parameters()])
-            with self.collective():
-                dist.broadcast(flat, 0)
-            with torch.no_grad():  # in place: the inference copy shares this storage
-                for p, x in zip(module.parameters(), flat.split([p.numel() for p in module.parameters()])):
-                    p.copy_(x.view_as(p))
+        """Rank 0's parameters everywhere, in place: with identical updates afterwards they never need sending again."""
+        for p in module.parameters():
+            self.collective(dist.broadcast, p.detach(), 0)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum of x over the ranks, in place (x itself on one rank)."""
-        if self.in_group:
-            with self.collective():
-                dist.all_reduce(x)
+        """Sum of x over the ranks, in place."""
+        self.collective(dist.all_reduce, x)
         return x
 
     def all_gather_object(self, obj) -> list:
-        out = [None] * self.world_size
-        if not self.in_group:
-            return [obj]
-        with self.collective():
-            dist.all_gather_object(out, obj)
+        out = [obj] * self.world_size
+        self.collective(dist.all_gather_object, out, obj)
         return out
 
     def close(self):
-        if self.in_group:
+        if self.world_size > 1:
             dist.destroy_process_group()
 
 
@@ -418,10 +406,9 @@ def update(agent: Agent, optimizer, args: Args, dist_: Dist, obs, actions, logpr
 
 
 def sync_iteration(dist_: Dist, args: Args, advantages, perms, stats: EpisodeStats, stop: bool):
-    """The iteration's one small all-reduce, before the update: for every minibatch of every epoch the sum and sum
-    of squares of its advantages (so each rank normalizes with the minibatch's mean and std over all ranks), the
-    returns of every rank's recent episodes, and whether any rank was asked to stop (all stop together).
-    Returns (mean, std) per minibatch, the mean recent return over all ranks, and the stop decision."""
+    """The iteration's one small all-reduce, before the update: every minibatch's sum and sum of squares of advantages
+    (each rank normalizes with the moments over all ranks), every rank's recent episode returns, and whether any rank
+    was asked to stop (all stop together). Returns (mean, std) per minibatch, the mean return, and the stop decision."""
     mb = advantages.flatten()[perms]  # (epochs x minibatches, minibatch size)
     recent = list(stats.returns)
     sums = torch.cat([mb.double().sum(-1), mb.double().square().sum(-1),
@@ -432,8 +419,8 @@ def sync_iteration(dist_: Dist, args: Args, advantages, perms, stats: EpisodeSta
         mean, std = mb.mean(-1), mb.std(-1)
     else:
         n = mb.shape[1] * args.world_size
-        mean = sums[:n_mb].to(mb.device) / n
-        std = ((sums[n_mb:2 * n_mb].to(mb.device) - n * mean * mean) / (n - 1)).clamp_min(0).sqrt()
+        mean = sums[:n_mb] / n
+        std = ((sums[n_mb:2 * n_mb] - n * mean * mean) / (n - 1)).clamp_min(0).sqrt()
     return mean.float(), std.float(), (sums[-3].item() / count if count else None), sums[-1].item() > 0
 
 
@@ -504,7 +491,7 @@ def save_checkpoint(path: str, payload: dict):
     os.replace(tmp, path)  # atomic: a crash mid-write never leaves a truncated agent.pt
 
 
-def load_checkpoint(args: Args, world_size: int) -> dict:
+def load_checkpoint(args: Args) -> dict:
     """Agent, optimizer, RNGs, iteration and step count. envpool cannot snapshot the emulators, so a resumed run
     restarts its games (with a fresh seed) and loses the games that were in flight."""
     try:
@@ -514,7 +501,7 @@ def load_checkpoint(args: Args, world_size: int) -> dict:
     for key in ("env_id", "num_envs", "num_steps"):
         if ckpt["args"][key] != getattr(args, key):
             fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
-    if ckpt["world_size"] != world_size:  # every rank resumes its own RNG and statistics
+    if ckpt["world_size"] != args.world_size:  # every rank resumes its own RNG and statistics
         fail(f"--resume {args.resume} was trained with {ckpt['world_size']} ranks; launch {ckpt['world_size']}")
     return ckpt
 
@@ -532,7 +519,7 @@ def main(args: Args):
     if lead:
         os.makedirs(log_dir, exist_ok=True)
 
-    torch.manual_seed(args.seed + rank)  # the initial parameters (rank 0's are broadcast); the loop draws from `rng`
+    torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     # the ranks on one machine share its cores: each gets its share, or it oversubscribes them
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -548,7 +535,7 @@ def main(args: Args):
              "graph, gloo's cannot); launch at most one rank per GPU or drop --cudagraphs")
     use_bf16 = args.bf16 and bf16_supported(device)
 
-    ckpt = load_checkpoint(args, args.world_size) if args.resume else None
+    ckpt = load_checkpoint(args) if args.resume else None
     # envpool seeds env i with seed + i: rank r's envs continue the numbering, every env of the job its own seed
     envs = make_envs(args, seed=args.seed + rank * args.num_envs + (ckpt["global_step"] if ckpt else 0))
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
@@ -571,10 +558,10 @@ def main(args: Args):
     if ckpt:
         u.agent.load_state_dict(ckpt["agent"])
         u.optimizer.load_state_dict(ckpt["optimizer"])
-        own = ckpt["ranks"][rank]
-        rng.set_state(own["rng"])
-        stats.returns.extend(own["returns"].tolist())
-        stats.lengths.extend(own["lengths"].tolist())
+        ckpt.update(ckpt["ranks"][rank])  # this rank's own RNG and statistics
+        rng.set_state(ckpt["rng"])
+        stats.returns.extend(ckpt["returns"].tolist())
+        stats.lengths.extend(ckpt["lengths"].tolist())
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
     next_obs = torch.from_numpy(envs.reset()[0]).to(device)
     next_done = torch.zeros(args.num_envs, device=device)
@@ -595,7 +582,7 @@ def main(args: Args):
 
         run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
                          name=os.path.basename(log_dir), dir=log_dir, save_code=True)
-    metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1) if lead else None
+    metrics = open(os.path.join(log_dir, "metrics.jsonl") if lead else os.devnull, "a", buffering=1)
     stop = StopFlag()
     global_batch = args.batch_size * args.world_size
     bar = tqdm.tqdm(total=args.num_iterations * global_batch, initial=global_step, unit="step", dynamic_ncols=True,
@@ -649,15 +636,14 @@ def main(args: Args):
                 measure_from = (now, global_step)
             fps = None
             if measure_from and global_step > measure_from[1]:
-                fps = (global_step - measure_from[1]) / (now - measure_from[0])  # all ranks' steps: the global fps
+                fps = (global_step - measure_from[1]) / (now - measure_from[0])
             # episodic_return: all ranks' recent games; the length and losses are rank 0's
             row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
                        episodic_return=mean_return, episodic_length=stats.mean_length(),
                        t_rollout=t_rollout, t_env=t_env, t_policy=t_policy, t_gae=t_gae, t_update=t_update,
                        t_sync=dist_.t_sync, world_size=args.world_size, lr=u.optimizer.param_groups[0]["lr"].item(),
                        **dict(zip(STAT_NAMES, losses)))
-            if lead:
-                metrics.write(json.dumps(row) + "\n")
+            metrics.write(json.dumps(row) + "\n")
             if run:
                 run.log(row, step=global_step)
             bar.update(global_batch)
@@ -668,19 +654,16 @@ def main(args: Args):
         stop.set = forced = True
     finally:
         bar.close()
-        if lead:
-            metrics.close()
+        metrics.close()
         envs.close()
-    stop.set = stop.set or stop_all
-    if forced:  # the ranks may be anywhere: no further collective (rank 0's logs are kept)
-        digests = [params_digest(u.agent)]
-    else:
-        if args.save_model and iteration >= start_iteration:
-            checkpoint(iteration)
-        digests = dist_.all_gather_object(params_digest(u.agent))
+    if args.save_model and not forced and iteration >= start_iteration:
+        checkpoint(iteration)
+    stop.set, digests = stop.set or stop_all, [params_digest(u.agent)]
+    if not forced:  # after a forced stop the ranks may be anywhere: no further collective (rank 0's logs are kept)
+        digests = dist_.all_gather_object(digests[0])
         dist_.close()
-    if not lead:  # rank 0 reports the run (exit 130 when stopped); a non-zero exit here would have torchrun
-        sys.exit(0)  # tear rank 0 down while it writes the summary
+    if not lead:  # rank 0 reports the run and its exit code (a non-zero one here: torchrun would tear rank 0 down)
+        sys.exit(0)
 
     steady = iter_times[args.measure_burnin:]
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
