@@ -1,15 +1,12 @@
 """ppo_atari_envpool_torchcompile.py made synchronous data-parallel (DD-PPO style) on torch.distributed (torchrun).
 
-Every rank runs its own envpool with its own seed; the ranks start from rank 0's parameters and, every minibatch,
-average their gradients with one all-reduce of one flat buffer between backward and the Adam step, so every rank
-applies the same update. Advantages are normalized with each minibatch's statistics over all ranks
-(`--global-adv-norm`); they, the episode returns and the stop flag travel in one small all-reduce per iteration.
-Rank 0 logs. gloo on CPU, nccl on CUDA. doc/distributed.md has the launch commands and the scaling.
-
-    python leanrl/ppo_atari_envpool_ddp_torchcompile.py --compile                        # one process
-    torchrun --nproc-per-node 2 leanrl/ppo_atari_envpool_ddp_torchcompile.py --compile   # 2 ranks, this machine
-
+Every rank runs its own envpool with its own seed and starts from rank 0's parameters; every minibatch the ranks
+average their gradients (one all-reduce of one flat buffer, between backward and the Adam step), so all apply the same
+update. Advantages are normalized with each minibatch's moments over all ranks (`--global-adv-norm`); these, the
+episode returns and the stop flag travel in one small all-reduce per iteration. Rank 0 logs. gloo on CPU, nccl on
+CUDA; doc/distributed.md has the launch commands and the scaling.
 What follows is ppo_atari_envpool_torchcompile.py's own description, all of which holds per rank.
+
 PPO on Atari through envpool (Breakout-v5), restructured to run as fast as the hardware allows.
 
 The algorithm, network and defaults of `ppo_atari_envpool.py`, with the work split into plain functions that the
@@ -20,6 +17,9 @@ autocast where the hardware has native bfloat16 (AVX512-BF16/AMX CPUs): the upda
 log-prob ratios and value targets stay fp32; it is opt-in because on Breakout it learned slower (doc/atari.md).
 The policy samples by Gumbel-max from noise the loop draws with its own generator, so the compiled and graphed
 policy holds no random op.
+
+    python leanrl/ppo_atari_envpool_ddp_torchcompile.py --compile                       # one process, no launcher
+    torchrun --nproc-per-node 2 leanrl/ppo_atari_envpool_ddp_torchcompile.py --compile  # 2 ranks on this machine
 """
 
 import contextlib
@@ -122,8 +122,7 @@ class Args:
     resume: Optional[str] = None
     """path of an agent.pt written by --save-model: continue that run (the games restart, see load_checkpoint)"""
     num_threads: Optional[int] = None
-    """torch intra-op threads per rank (default: the cores shared out among this machine's ranks; the update's
-    convolutions use them all)"""
+    """torch intra-op threads per rank (default: this machine's cores shared out among its ranks)"""
     dist_timeout: float = 300.0
     """seconds a rank waits in a collective for the others before it stops with an error (a rank died or hangs)"""
 
@@ -167,16 +166,19 @@ def check_args(args: Args):
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
              f"(num_envs x num_steps); pick a divisor of {batch_size}")
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
     if args.total_timesteps < batch_size * world_size:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size * world_size} steps "
-             f"({world_size} ranks x num_envs x num_steps)")
+        fail(f"--total-timesteps {args.total_timesteps} is below one batch ({batch_size} steps x {world_size} ranks)")
     if args.resume and not os.path.isfile(args.resume):
         fail(f"--resume {args.resume}: no such file")
     if args.num_threads is not None and args.num_threads <= 0:
         fail(f"--num-threads must be positive, got {args.num_threads}")
     if args.dist_timeout <= 0:
         fail(f"--dist-timeout must be positive, got {args.dist_timeout}")
+    if args.capture_video:
+        fail("--capture-video is not supported: envpool renders no frames")
+    if args.target_kl is not None and args.cudagraphs:
+        fail("--target-kl reads the KL on the host after every epoch, which CUDA graphs exist to avoid; drop one")
     check_env_id(args.env_id)
 
 
@@ -430,8 +432,8 @@ def params_digest(agent) -> str:
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
 
 
-def make_units(agent: Agent, agent_inference: Agent, args: Args, dist_: Dist, device):
-    """The training state around `agent` (optimizer) and the units the loop calls, compiled with --compile.
+def make_units(agent: Agent, agent_inference: Agent, args: Args, dist_: Dist, device, compiled: bool):
+    """The training state around `agent` (optimizer) and the units the loop calls, compiled if `compiled`.
     `agent_inference` is the rollout's copy of `agent`; it is made to share `agent`'s storage here."""
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     # lr is a tensor updated in place, so annealing never re-traces the compiled update; CUDA graphs replay the
@@ -442,7 +444,7 @@ def make_units(agent: Agent, agent_inference: Agent, args: Args, dist_: Dist, de
                         act=partial(policy, agent_inference),
                         advantage=partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda),
                         learn=partial(update, agent, optimizer, args, dist_))
-    if args.compile:
+    if compiled:
         u.act, u.advantage, u.learn = torch.compile(u.act), torch.compile(u.advantage), torch.compile(u.learn)
     return u
 
@@ -470,15 +472,18 @@ def machine_info(device: torch.device) -> dict:
 
 
 class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once."""
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
+    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
 
     def __init__(self):
-        self.set = False
+        self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
+        if not self.iterated:
+            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
+            os._exit(130)
         if self.set:
             raise KeyboardInterrupt
         self.set = True
@@ -539,11 +544,11 @@ def main(args: Args):
     # envpool seeds env i with seed + i: rank r's envs continue the numbering, every env of the job its own seed
     envs = make_envs(args, seed=args.seed + rank * args.num_envs + (ckpt["global_step"] if ckpt else 0))
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
-    # global generator after compiling each function, which would replay numbers the loop already drew
+    # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed + rank)  # each rank its own stream
     agent = Agent(envs.action_space.n, use_bf16).to(device)
     dist_.broadcast_params(agent)
-    u = make_units(agent, inference_copy(agent), args, dist_, device)
+    u = make_units(agent, inference_copy(agent), args, dist_, device, args.compile)
     if args.cudagraphs:
         add_cudagraphs(u)
 
@@ -589,6 +594,10 @@ def main(args: Args):
                     disable=not lead)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
     stop_all, mean_return = False, None
+    if args.compile and lead:  # the first iteration compiles: say so, or a first run looks stuck
+        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.set_description("compiling")
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
@@ -648,6 +657,9 @@ def main(args: Args):
                 run.log(row, step=global_step)
             bar.update(global_batch)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
+            if args.compile and iteration == start_iteration:
+                bar.set_description("")
+            stop.iterated = True
             if stop_all:  # some rank was asked to stop: all stop after the same iteration
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save

@@ -175,10 +175,9 @@ def check_args(args: Args):
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
              f"(num_envs x num_steps); pick a divisor of {batch_size}")
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
     if args.total_timesteps < batch_size * world_size:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size * world_size} steps "
-             f"({world_size} ranks x num_envs x num_steps)")
+        fail(f"--total-timesteps {args.total_timesteps} is below one batch ({batch_size} steps x {world_size} ranks)")
     if args.resume and not os.path.isfile(args.resume):
         fail(f"--resume {args.resume}: no such file")
     if args.num_threads <= 0:
@@ -406,7 +405,7 @@ def update(agent, optimizer, lr, args, dist_, obs, actions, logprobs, advantages
            adv_std):
     """One minibatch step. Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm].
     Gradients from torch.func.grad and the step from torch.optim's functional Adam, on the optimizer's own state:
-    compiled, it is one graph either side of the all-reduce (loss.backward() and optimizer.step() would each break it)."""
+    compiled, it is one graph each side of the all-reduce (loss.backward() and optimizer.step() would each break it)."""
     params = {name: p.detach() for name, p in agent.named_parameters()}
     grads, stats = torch.func.grad(ppo_loss, has_aux=True)(
         params, agent, args, obs[inds], actions[inds], logprobs[inds], advantages[inds], returns[inds], values[inds],
