@@ -259,9 +259,6 @@ class EpisodeStats:
         self.lengths.extend(info["elapsed_step"][over].tolist())
         self.score[ids[over]] = 0.0
 
-    def mean_return(self):
-        return float(np.mean(self.returns)) if self.returns else None
-
     def mean_length(self):
         return float(np.mean(self.lengths)) if self.lengths else None
 

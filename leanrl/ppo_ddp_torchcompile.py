@@ -503,9 +503,6 @@ class Episodes:
             self.finished.extend(self.ret[done].tolist())
             self.ret[done] = 0
 
-    def mean(self):
-        return float(np.mean(self.finished)) if self.finished else None
-
     def state(self):
         return dict(ret=torch.as_tensor(self.ret), finished=torch.tensor(list(self.finished), dtype=torch.float64))
 
