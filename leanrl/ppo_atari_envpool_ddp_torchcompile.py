@@ -184,7 +184,7 @@ def check_args(args: Args):
 
 class Dist:
     """This process's place in the job. torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (and the
-    rendezvous address); a plain `python script.py` is rank 0 of 1 and creates no process group: nothing communicates."""
+    rendezvous address); a plain `python script.py` is rank 0 of 1 and has no process group: nothing communicates."""
 
     def __init__(self, args: Args):
         self.rank, self.world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
