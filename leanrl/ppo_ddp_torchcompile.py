@@ -1,18 +1,14 @@
 """ppo_torchcompile.py made synchronous data-parallel (DD-PPO style) on torch.distributed, launched with torchrun.
 
-Every rank is a copy of ppo_torchcompile.py stepping its own envs (seeded apart); the ranks start from rank 0's
-parameters and, every minibatch, average their gradients with one all-reduce of one flat buffer between the
-gradient and the Adam step, so every rank applies the same update and the parameters stay identical without ever
-being sent again. Advantages are normalized with each minibatch's statistics over all ranks (`--global-adv-norm`),
-which with the episode returns and the stop flag travel in one small all-reduce per iteration. Rank 0 logs.
-gloo on CPU, nccl on CUDA. doc/distributed.md has the launch commands (one machine, several) and the scaling.
-`--compile-async` works as in the base script; rank 0's compile subprocess fills Inductor's cache for every rank, and
-the ranks agree on the iteration at which they all swap in their compiled units.
-
-    python leanrl/ppo_ddp_torchcompile.py --compile                                 # one process, no launcher
-    torchrun --nproc-per-node 2 leanrl/ppo_ddp_torchcompile.py --compile            # 2 ranks on this machine
-
+Every rank steps its own envs (seeded apart) and starts from rank 0's parameters; every minibatch the ranks average
+their gradients (one all-reduce of one flat buffer, between the gradient and the Adam step), so all apply the same
+update and the parameters stay identical without being sent again. Advantages are normalized with each minibatch's
+moments over all ranks (`--global-adv-norm`); these, the episode returns and the stop flag travel in one small
+all-reduce per iteration. Rank 0 logs. gloo on CPU, nccl on CUDA; doc/distributed.md has launch commands and scaling.
 What follows is ppo_torchcompile.py's own description, all of which holds per rank.
+
+PPO on discrete classic control (CartPole-v1), restructured to run as fast as the hardware allows.
+
 The algorithm, network and defaults of ppo.py (CleanRL's), cut LeanRL-style into units that torch.compile and
 CUDA graphs can wrap: `policy` (one rollout step), `gae`, and `update` (one minibatch, optimizer step inside).
 On a CPU a 64-unit MLP costs less than the machinery around it, so the tricks here remove machinery:
@@ -26,10 +22,12 @@ On a CPU a 64-unit MLP costs less than the machinery around it, so the tricks he
   instead of four (forward, autograd backward, clip, optimizer.step, which forces a graph break);
 - lr is a tensor changed in place (no recompilation), and once everything has compiled the guards are skipped.
 doc/classic_control.md has the measurements behind each of these.
+
+    python leanrl/ppo_ddp_torchcompile.py --compile                       # one process, no launcher
+    torchrun --nproc-per-node 2 leanrl/ppo_ddp_torchcompile.py --compile  # 2 ranks on this machine
 """
 
 import contextlib
-import copy
 import datetime
 import functools
 import hashlib
@@ -38,9 +36,7 @@ import json
 import os
 import platform
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -118,16 +114,6 @@ class Args:
 
     compile: bool = False
     """if toggled, wrap the policy, gae and update units in torch.compile"""
-    compile_async: bool = False
-    """with --compile: train eagerly from the first step while the units compile (a subprocess fills Inductor's cache,
-    then a background thread compiles from it and warms up), then swap them in at an iteration boundary
-    (summary.json: compile_time, swap_iteration, time_to_compiled)"""
-    compile_cache_only: bool = False
-    """with --compile: compile the units and run them once on dummy inputs of this run's shapes, which fills Inductor's
-    on-disk cache, then exit without training (what --compile-async runs in a subprocess; also warms a cache by hand)"""
-    compile_swap_iteration: Optional[int] = None
-    """with --compile-async: swap at the start of this iteration, waiting for the compile if it is not done (a
-    reproducible eager/compiled split); default: the first iteration boundary after it is done"""
     cudagraphs: bool = False
     """if toggled, wrap the policy, gae and update units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     measure_burnin: int = 3
@@ -189,22 +175,15 @@ def check_args(args: Args):
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
              f"(num_envs x num_steps); pick a divisor of {batch_size}")
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
     if args.total_timesteps < batch_size * world_size:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size * world_size} steps "
-             f"({world_size} ranks x num_envs x num_steps)")
+        fail(f"--total-timesteps {args.total_timesteps} is below one batch ({batch_size} steps x {world_size} ranks)")
     if args.resume and not os.path.isfile(args.resume):
         fail(f"--resume {args.resume}: no such file")
     if args.num_threads <= 0:
         fail(f"--num-threads must be positive, got {args.num_threads}")
     if args.dist_timeout <= 0:
         fail(f"--dist-timeout must be positive, got {args.dist_timeout}")
-    if args.compile_async and not args.compile:
-        fail("--compile-async needs --compile (it compiles the same units, off the critical path)")
-    if args.compile_cache_only and not args.compile:
-        fail("--compile-cache-only needs --compile")
-    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
-        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
     check_env_id(args.env_id)
     if args.capture_video:
         try:
@@ -215,36 +194,32 @@ def check_args(args: Args):
 
 
 class Dist:
-    """This process's place in the job. torchrun sets RANK, WORLD_SIZE and LOCAL_WORLD_SIZE (and the rendezvous
-    address); a plain `python script.py` is rank 0 of 1 and creates no process group: nothing below communicates."""
+    """This process's place in the job. torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (and the
+    rendezvous address); a plain `python script.py` is rank 0 of 1 and has no process group: nothing communicates."""
 
     def __init__(self, args: Args):
         self.rank, self.world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         self.device = torch.device("cpu")
         if torch.cuda.is_available() and args.cuda:
-            self.device = torch.device("cuda", local_rank % torch.cuda.device_count())
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         # NCCL wants one GPU per rank; gloo runs on CPU, and on CUDA tensors when ranks share a GPU
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         own_gpu = self.device.type == "cuda" and local_world_size <= torch.cuda.device_count()
         self.backend = "nccl" if own_gpu else "gloo"
         self.t_sync = 0.0  # seconds spent in collectives, reset every iteration
-        # --compile-cache-only keeps the job's world size, which shapes the compiled update (the all-reduce's graph
-        # break), but joins no group: it only compiles, and skips the collectives
-        self.in_group = self.world_size > 1 and not args.compile_cache_only
-        if self.in_group:
-            # the timeout bounds every collective: a rank that died or hangs stops the others with an error
+        if self.world_size > 1:  # the timeout bounds every collective: a rank that died or hangs stops the others
             dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=args.dist_timeout),
                                     device_id=self.device if own_gpu else None)
 
-    @contextlib.contextmanager
-    def collective(self):
-        """Times a collective into t_sync; a dead or hung peer (connection closed, or --dist-timeout passed)
-        ends this rank at once with one clear line instead of a traceback from deep inside gloo/nccl."""
+    def collective(self, op, *op_args):
+        """op(*op_args) over the ranks, timed into t_sync (nothing on one rank); a dead or hung peer (connection closed,
+        or --dist-timeout passed) ends this rank at once with one clear line, not a traceback from inside gloo/nccl."""
+        if self.world_size == 1:
+            return
         t0 = time.perf_counter()
         try:
-            yield
+            op(*op_args)
         except RuntimeError as e:
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0].rsplit("] ", 1)[-1][:160]
             print(f"\nerror: rank {self.rank} of {self.world_size} lost the other ranks ({reason}); stopping",
@@ -253,59 +228,22 @@ class Dist:
         self.t_sync += time.perf_counter() - t0
 
     def broadcast_params(self, module: nn.Module):
-        """Rank 0's parameters everywhere: with identical updates afterwards they need sending again only while a
-        background compile runs (see the loop)."""
-        if self.in_group:
-            flat = torch.cat([p.detach().flatten() for p in module.parameters()])
-            with self.collective():
-                dist.broadcast(flat, 0)
-            with torch.no_grad():  # in place: the inference copy shares this storage
-                for p, x in zip(module.parameters(), flat.split([p.numel() for p in module.parameters()])):
-                    p.copy_(x.view_as(p))
+        """Rank 0's parameters everywhere, in place: with identical updates afterwards they never need sending again."""
+        for p in module.parameters():
+            self.collective(dist.broadcast, p.detach(), 0)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum of x over the ranks, in place (x itself on one rank). Only the loop's thread communicates: a background
-        compile warms its units up alone, so the gradient all-reduce in them is skipped there (x itself)."""
-        if self.in_group and threading.current_thread() is threading.main_thread():
-            with self.collective():
-                dist.all_reduce(x)
+        """Sum of x over the ranks, in place."""
+        self.collective(dist.all_reduce, x)
         return x
 
-    def all_true(self, flag: bool) -> bool:
-        """Whether `flag` holds on every rank: one all-reduce (MIN) of one number, so that all ranks decide alike."""
-        x = torch.tensor(float(flag), device=self.device)
-        if self.in_group:
-            with self.collective():
-                dist.all_reduce(x, op=dist.ReduceOp.MIN)
-        return bool(x)
-
     def all_gather_object(self, obj) -> list:
-        out = [None] * self.world_size
-        if not self.in_group:
-            return [obj]
-        with self.collective():
-            dist.all_gather_object(out, obj)
+        out = [obj] * self.world_size
+        self.collective(dist.all_gather_object, out, obj)
         return out
 
-    def rank0_first(self, fn, *args):
-        """fn(*args) on rank 0, while the other ranks wait until it has ended (or failed). The signal goes through the
-        job's key-value store (the one torchrun serves at MASTER_ADDR:MASTER_PORT, joined as a client), not a
-        collective: this runs in a background thread, beside the loop's collectives."""
-        if not self.in_group:
-            return fn(*args)
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                              timeout=datetime.timedelta(hours=1))  # a cold compile takes minutes, not hours
-        key = f"leanrl/{fn.__name__}"
-        if self.rank > 0:
-            store.wait([key])
-            return
-        try:
-            fn(*args)
-        finally:
-            store.set(key, "done")
-
     def close(self):
-        if self.in_group:
+        if self.world_size > 1:
             dist.destroy_process_group()
 
 
@@ -324,8 +262,7 @@ def make_envs(args: Args, video_dir: str, rank: int):
     # copy=False hands back the env's own obs array (rollout copies it before the next step) instead of a deepcopy.
     return gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, args.capture_video and rank == 0, video_dir) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False,
-    )
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
 
 
 def env_parts(env):
@@ -468,8 +405,7 @@ def update(agent, optimizer, lr, args, dist_, obs, actions, logprobs, advantages
            adv_std):
     """One minibatch step. Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm].
     Gradients from torch.func.grad and the step from torch.optim's functional Adam, on the optimizer's own state:
-    compiled, this function is one graph per side of the gradient all-reduce (loss.backward() and
-    optimizer.step() would each break it again)."""
+    compiled, it is one graph each side of the all-reduce (loss.backward() and optimizer.step() would each break it)."""
     params = {name: p.detach() for name, p in agent.named_parameters()}
     grads, stats = torch.func.grad(ppo_loss, has_aux=True)(
         params, agent, args, obs[inds], actions[inds], logprobs[inds], advantages[inds], returns[inds], values[inds],
@@ -490,10 +426,9 @@ def update(agent, optimizer, lr, args, dist_, obs, actions, logprobs, advantages
 
 
 def sync_iteration(dist_: Dist, args: Args, advantages, perms, episodes, stop: bool):
-    """The iteration's one small all-reduce, before the update: for every minibatch of every epoch the sum and sum
-    of squares of its advantages (so each rank normalizes with the minibatch's mean and std over all ranks), the
-    returns of every rank's recent episodes, and whether any rank was asked to stop (all stop together).
-    Returns (mean, std) per minibatch, the mean recent return over all ranks, and the stop decision."""
+    """The iteration's one small all-reduce, before the update: every minibatch's sum and sum of squares of advantages
+    (each rank normalizes with the moments over all ranks), every rank's recent episode returns, and whether any rank
+    was asked to stop (all stop together). Returns (mean, std) per minibatch, the mean return, and the stop decision."""
     mb = advantages.flatten()[perms]  # (epochs x minibatches, minibatch size)
     recent = list(episodes.finished)
     sums = torch.cat([mb.double().sum(-1), mb.double().square().sum(-1),
@@ -504,8 +439,8 @@ def sync_iteration(dist_: Dist, args: Args, advantages, perms, episodes, stop: b
         mean, std = mb.mean(-1), mb.std(-1)
     else:
         n = mb.shape[1] * args.world_size
-        mean = sums[:n_mb].to(mb.device) / n
-        std = ((sums[n_mb:2 * n_mb].to(mb.device) - n * mean * mean) / (n - 1)).clamp_min(0).sqrt()
+        mean = sums[:n_mb] / n
+        std = ((sums[n_mb:2 * n_mb] - n * mean * mean) / (n - 1)).clamp_min(0).sqrt()
     return mean.float(), std.float(), (sums[-3].item() / count if count else None), sums[-1].item() > 0
 
 
@@ -538,8 +473,8 @@ def make_units(agent, agent_inference, args, dist_, device, compiled: bool):
     if compiled:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
-        # to ~245 us on a CPU
-        opts = dict(cpp_wrapper=True, max_autotune=True)
+        # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
+        opts = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
         if device.type == "cuda":
             # on a CPU the policy step stays eager: compiled it is faster alone (29 vs 34 us) but slower in the
             # rollout, where it and the env evict each other from the caches (93 vs 83 us per env+policy step)
@@ -556,78 +491,6 @@ def add_cudagraphs(u):
         setattr(u, name, CudaGraphModule(getattr(u, name)))
 
 
-def warm_up(u, args, device, n_obs: int, n_actions: int):
-    """Call every unit on dummy inputs of the loop's shapes and layouts, so that each compiles now. Zeros only: no
-    random numbers are drawn, so the training run's random stream is the same as without --compile-async. Every input
-    is a tensor of its own, as in the loop: Dynamo specializes a graph on two inputs being the same tensor, and would
-    compile again in the loop."""
-    T, N = args.num_steps, args.num_envs
-    obs, actions = torch.zeros(T, N, n_obs, device=device), torch.zeros(T, N, dtype=torch.long, device=device)
-    u.policy(obs[0], torch.zeros(N, n_actions, device=device))
-    logprobs, _, values = u.evaluate(obs, actions)
-    rewards, dones = torch.zeros(T, N, device=device), torch.zeros(T, N, device=device)
-    advantages, returns = u.gae(u.get_value(obs[0]), torch.zeros(N, device=device), rewards, dones, values, args.gamma,
-                                args.gae_lambda)
-    batch = [x.flatten(0, 1) for x in (obs, actions, logprobs, advantages, returns, values)]
-    # the advantages' moments as the loop passes them: a view per minibatch into one tensor each
-    adv_mean, adv_std = (torch.zeros(args.num_minibatches, device=device),
-                         torch.ones(args.num_minibatches, device=device))
-    for n, inds in enumerate(torch.arange(args.batch_size, device=device).view(args.num_minibatches, -1)):
-        u.update(*batch, inds, adv_mean[n], adv_std[n])
-    return u
-
-
-def fill_compile_cache(log_dir: str):
-    """--compile-async, first stage: this same command with --compile-cache-only, in a subprocess with one compile
-    thread. The costly part (tracing, Inductor's code generation and C++ builds, autotuning) then runs in another
-    interpreter, off the training loop's GIL and core, and the compile in this process comes from Inductor's on-disk
-    cache. A run that ends first leaves it to finish, so the next run starts warm."""
-    with open(os.path.join(log_dir, "compile_async.log"), "w") as log:
-        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--log-dir", log_dir,
-                                  "--compile-cache-only"], env=dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1"),
-                                 stdout=log, stderr=log)
-        if child.wait():
-            raise RuntimeError(f"the compile subprocess exited {child.returncode}; see {log.name}")
-
-
-class BackgroundCompile:
-    """--compile-async: `build()` (compile and warm up a second set of units) runs in a daemon thread while the loop
-    trains eagerly. A failure in the thread is raised in the loop by result()."""
-
-    def __init__(self, build):
-        self.units = self.error = self.seconds = None
-        self.thread = threading.Thread(target=self.run, args=(build,), daemon=True)  # Ctrl-C does not wait for it
-        self.thread.start()
-
-    def run(self, build):
-        t0 = time.perf_counter()
-        try:
-            self.units = build()
-        except Exception as e:
-            self.error = e
-        self.seconds = time.perf_counter() - t0
-
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise RuntimeError("the background compile failed") from self.error
-        return self.units
-
-
-def load_units(dst, src):
-    """Copy the training state of units `src` into units `dst` in place (the compiled code keeps the tensors it was
-    traced with): parameters, Adam's moments and step counts, lr. Exact copies, so the swap changes no result."""
-    with torch.no_grad():
-        for p, q in zip(src.agent.parameters(), dst.agent.parameters()):
-            q.copy_(p)
-            for key, value in src.optimizer.state[p].items():
-                dst.optimizer.state[q][key].copy_(value)
-        dst.lr.copy_(src.lr)
-
-
 class Episodes:
     """Episode statistics from the raw rewards: the returns logged are the real, unclipped ones."""
 
@@ -639,9 +502,6 @@ class Episodes:
         if done.any():  # rare: most steps cost one numpy add
             self.finished.extend(self.ret[done].tolist())
             self.ret[done] = 0
-
-    def mean(self):
-        return float(np.mean(self.finished)) if self.finished else None
 
     def state(self):
         return dict(ret=torch.as_tensor(self.ret), finished=torch.tensor(list(self.finished), dtype=torch.float64))
@@ -661,15 +521,18 @@ def machine_info(device: torch.device) -> dict:
 
 
 class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once."""
+    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
+    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
 
     def __init__(self):
-        self.set = False
+        self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
+        if not self.iterated:
+            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
+            os._exit(130)
         if self.set:
             raise KeyboardInterrupt
         self.set = True
@@ -682,7 +545,7 @@ def save_checkpoint(path: str, payload: dict):
     os.replace(tmp, path)  # atomic: a crash mid-write never leaves a truncated agent.pt
 
 
-def load_checkpoint(args: Args, world_size: int) -> dict:
+def load_checkpoint(args: Args) -> dict:
     try:
         ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
@@ -690,7 +553,7 @@ def load_checkpoint(args: Args, world_size: int) -> dict:
     for key in ("env_id", "num_envs", "num_steps"):
         if ckpt["args"][key] != getattr(args, key):
             fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
-    if ckpt["world_size"] != world_size:  # every rank resumes its own envs
+    if ckpt["world_size"] != args.world_size:  # every rank resumes its own envs
         fail(f"--resume {args.resume} was trained with {ckpt['world_size']} ranks; launch {ckpt['world_size']}")
     return ckpt
 
@@ -708,7 +571,7 @@ def main(args: Args):
     if lead:
         os.makedirs(log_dir, exist_ok=True)
 
-    torch.manual_seed(args.seed + rank)  # the initial parameters (rank 0's are broadcast); the loop draws from `rng`
+    torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.num_threads)
     device = dist_.device
@@ -722,32 +585,14 @@ def main(args: Args):
 
     envs = make_envs(args, os.path.join(log_dir, "videos"), rank)
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
-    # global generator after compiling each function, and with --compile-async that happens in another thread,
-    # mid-rollout, which would replay numbers the loop already drew
+    # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed + rank)  # each rank its own stream
     n_obs, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
     agent = Agent(n_obs, n_actions).to(device)
     dist_.broadcast_params(agent)
-    if args.compile_cache_only:  # see fill_compile_cache
-        warm_up(make_units(agent, Agent(n_obs, n_actions).to(device), args, dist_, device, True), args, device,
-                n_obs, n_actions)
-        return envs.close()
-    u = make_units(agent, Agent(n_obs, n_actions).to(device), args, dist_, device,
-                   args.compile and not args.compile_async)
-    if args.cudagraphs and not args.compile_async:
+    u = make_units(agent, Agent(n_obs, n_actions).to(device), args, dist_, device, args.compile)
+    if args.cudagraphs:
         add_cudagraphs(u)
-    pending = None
-    if args.compile_async:  # a second set of units on copies of the agent, compiled off the critical path
-        twin = copy.deepcopy(agent)
-
-        def build():
-            # one compile subprocess for the job: the ranks compile the same shapes and, on one machine, share
-            # Inductor's cache dir, so the others wait for rank 0's to fill it rather than compete for the cores
-            dist_.rank0_first(fill_compile_cache, log_dir)
-            return warm_up(make_units(twin, copy.deepcopy(twin), args, dist_, device, True), args, device, n_obs,
-                           n_actions)
-
-        pending = BackgroundCompile(build)
     shape = (args.num_steps, args.num_envs)
     buf = dict(obs=torch.zeros(shape + (n_obs,), device=device), actions=torch.zeros(shape, dtype=torch.long, device=device),
                **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")})
@@ -758,14 +603,14 @@ def main(args: Args):
     next_obs, _ = envs.reset(seed=args.seed + rank * args.num_envs)
     next_done = np.zeros(args.num_envs, dtype=bool)
     if args.resume:
-        ckpt = load_checkpoint(args, args.world_size)
+        ckpt = load_checkpoint(args)
         u.agent.load_state_dict(ckpt["agent"])
         u.optimizer.load_state_dict(ckpt["optimizer"])
-        own = ckpt["ranks"][rank]
-        rng.set_state(own["rng"])
-        set_env_state(envs, own["env"])
-        next_obs, next_done = own["next_obs"].numpy(), own["next_done"].numpy()
-        episodes.load(own["episodes"])
+        ckpt.update(ckpt["ranks"][rank])  # this rank's own envs, RNG and episodes
+        rng.set_state(ckpt["rng"])
+        set_env_state(envs, ckpt["env"])
+        next_obs, next_done = ckpt["next_obs"].numpy(), ckpt["next_done"].numpy()
+        episodes.load(ckpt["episodes"])
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
 
     def checkpoint(iteration):
@@ -784,30 +629,21 @@ def main(args: Args):
 
         run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
                          name=os.path.basename(log_dir), dir=log_dir, save_code=True)
-    metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1) if lead else None
+    metrics = open(os.path.join(log_dir, "metrics.jsonl") if lead else os.devnull, "a", buffering=1)
     stop = StopFlag()
     global_batch = args.batch_size * args.world_size
     bar = tqdm.tqdm(total=args.num_iterations * global_batch, initial=global_step, unit="step", dynamic_ncols=True,
                     disable=not lead)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
-    compiled_from = start_iteration if args.compile and not args.compile_async else None
-    swap_iteration = time_to_compiled = compile_time = None
     stop_all, mean_return = False, None
+    if args.compile and lead:  # the first iteration compiles: say so, or a first run looks stuck
+        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.set_description("compiling")
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             dist_.t_sync = 0.0
-            swap_at = args.compile_swap_iteration
-            # all ranks swap at the same iteration, or their numbers part (compiled units round differently)
-            if pending and (iteration >= swap_at if swap_at else dist_.all_true(pending.done())):
-                compiled, compile_time = pending.result(), pending.seconds
-                load_units(compiled, u)
-                if args.cudagraphs:
-                    add_cudagraphs(compiled)
-                u, pending, compiled_from, swap_iteration = compiled, None, iteration, iteration
-                if lead:
-                    bar.write(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)",
-                              file=sys.stderr)
             if args.anneal_lr:
                 u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
 
@@ -842,10 +678,6 @@ def main(args: Args):
                 if (args.target_kl is not None
                         and dist_.all_reduce(stats[n - 1, 0].clone()) / args.world_size > args.target_kl):
                     break
-            if pending:
-                # a compile in progress sets torch.compiler.is_compiling() for the whole process, which moves the last
-                # bit of some eager Adam steps on that rank alone: rank 0's parameters everywhere again
-                dist_.broadcast_params(u.agent)
             t_update = time.perf_counter() - t0
 
             # steady-state fps: whole iterations after the burn-in
@@ -854,25 +686,24 @@ def main(args: Args):
             if iteration - start_iteration + 1 == args.measure_burnin:
                 measure_from = (now, global_step)
             if measure_from and global_step > measure_from[1]:
-                fps = (global_step - measure_from[1]) / (now - measure_from[0])  # all ranks' steps: the global fps
+                fps = (global_step - measure_from[1]) / (now - measure_from[0])
             # episodic_return: all ranks' recent episodes; the losses are rank 0's (its minibatches, same parameters)
             row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
                        episodic_return=mean_return, t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
                        t_gae=t_gae, t_update=t_update, t_sync=dist_.t_sync, world_size=args.world_size, lr=u.lr.item(),
-                       compiled=compiled_from is not None,
                        **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"),
                                   stats[:n].mean(0).tolist())))  # the one host sync of the iteration
-            if lead:
-                metrics.write(json.dumps(row) + "\n")
+            metrics.write(json.dumps(row) + "\n")
             if run:
                 run.log(row, step=global_step)
             bar.update(global_batch)
             bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if iteration == compiled_from:
+            if args.compile and iteration == start_iteration:
                 # every unit has compiled and nothing its guards check can change any more: stop checking them
                 # (~40 us of a ~330 us update, ~10 us of a policy step)
                 torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-                time_to_compiled = now - start
+                bar.set_description("")
+            stop.iterated = True
             if stop_all:  # some rank was asked to stop: all stop after the same iteration
                 break
     except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
@@ -880,29 +711,22 @@ def main(args: Args):
     finally:
         torch.compiler.set_stance("default")
         bar.close()
-        if lead:
-            metrics.close()
+        metrics.close()
         envs.close()
-    stop.set = stop.set or stop_all
-    if forced:  # the ranks may be anywhere: no further collective (rank 0's logs are kept)
-        digests = [params_digest(u.agent)]
-    else:
-        if args.save_model and iteration >= start_iteration:
-            checkpoint(iteration)
-        digests = dist_.all_gather_object(params_digest(u.agent))
+    if args.save_model and not forced and iteration >= start_iteration:
+        checkpoint(iteration)
+    stop.set, digests = stop.set or stop_all, [params_digest(u.agent)]
+    if not forced:  # after a forced stop the ranks may be anywhere: no further collective (rank 0's logs are kept)
+        digests = dist_.all_gather_object(digests[0])
         dist_.close()
-    if not lead:  # rank 0 reports the run (exit 130 when stopped); a non-zero exit here would have torchrun
-        if pending is not None:  # tear rank 0 down while it writes the summary (os._exit: see the end of main)
-            os._exit(0)
+    if not lead:  # rank 0 reports the run and its exit code (a non-zero one here: torchrun would tear rank 0 down)
         sys.exit(0)
 
     steady = iter_times[args.measure_burnin:]
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
                    wall_time=time.perf_counter() - start, fps=fps if measure_from else None, final_return=mean_return,
-                   compile_time=compile_time if args.compile_async else
-                   iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   swap_iteration=swap_iteration, time_to_compiled=time_to_compiled,
+                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
                    interrupted=stop.set, world_size=args.world_size, backend=dist_.backend,
                    rank_param_digests=digests)
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
@@ -912,12 +736,6 @@ def main(args: Args):
         run.finish()
     print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
           f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
-    if pending is not None:
-        # the run ended before the background compile did: a compiling thread cannot be stopped, and shutting the
-        # interpreter down under it aborts, so leave without waiting (logs, summary and checkpoint are written)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130 if stop.set else 0)
     if stop.set:
         sys.exit(130)
 

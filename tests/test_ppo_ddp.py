@@ -95,58 +95,6 @@ def test_single_process_matches_base_script(tmp_path):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
 
 
-def two_rank_run(log_dir, *flags):
-    """The classic script on 2 ranks x 1 env x 64 steps, 4 iterations; returns torchrun's stderr."""
-    proc = torchrun(CLASSIC, 2, "--num-envs", "1", "--num-steps", "64", "--total-timesteps", "512", *flags,
-                    log_dir=log_dir)
-    return proc.result(900).stderr
-
-
-def test_compile_async_two_ranks_smoke(tmp_path):
-    """--compile-async on 2 ranks, left to swap when every rank's compile is done: whether the compile or the run
-    ends first (the usual case in 4 short iterations), both ranks exit cleanly, in step."""
-    err = two_rank_run(tmp_path / "run", "--compile", "--compile-async")
-    rows, summary = read_metrics(tmp_path / "run"), read_summary(tmp_path / "run")
-    assert [r["global_step"] for r in rows] == [128, 256, 384, 512] and err.count("logs in") == 1
-    swap = summary["swap_iteration"]
-    assert [r["compiled"] for r in rows] == [swap is not None and r["iteration"] >= swap for r in rows]
-    assert (summary["compile_time"] is None) == (swap is None)
-    digests = summary["rank_param_digests"]
-    assert len(digests) == 2 and digests[0] == digests[1]
-    assert (tmp_path / "run" / "compile_async.log").exists()  # rank 0 started the compile subprocess
-
-
-def test_compile_async_two_ranks_swap_matches_eager(tmp_path):
-    """2 ranks, `--compile-async` swapped in at iteration 2 of 4 (rank 0's subprocess fills the cache, rank 1 waits
-    for it; both swap together), against the eager 2-rank run of the same seed: the losses agree within 1e-4 (only
-    floating-point noise; see conftest.assert_async_compile_matches_eager) and the ranks end in step."""
-    two_rank_run(tmp_path / "eager")
-    err = two_rank_run(tmp_path / "async", "--compile", "--compile-async", "--compile-swap-iteration", "2")
-    eager, swapped = read_metrics(tmp_path / "eager"), read_metrics(tmp_path / "async")
-    summary = read_summary(tmp_path / "async")
-    assert [r["compiled"] for r in swapped] == [False, True, True, True]
-    assert summary["swap_iteration"] == 2 and summary["compile_time"] > 0
-    assert summary["time_to_compiled"] > swapped[0]["time"]
-    assert err.count("swapped in at iteration 2") == 1  # rank 0 reports it
-    digests = summary["rank_param_digests"]
-    assert len(digests) == 2 and digests[0] == digests[1]
-    keys = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
-    for e, a in zip(eager, swapped, strict=True):
-        assert {k: a[k] for k in keys} == pytest.approx({k: e[k] for k in keys}, rel=1e-4, abs=1e-4), a["iteration"]
-
-
-def test_atari_compile_async_single_process(log_dir):
-    """The Atari script's --compile-async at world size 1 (as its other runs here), swapped in at iteration 2: its
-    units compile and warm up with the data-parallel update's signature, and the run goes on compiled."""
-    proc = run_script(ATARI, *SMOKE, "--num-threads", "1", "--compile", "--compile-async", "--compile-swap-iteration",
-                      "2", log_dir=log_dir, timeout=900)
-    rows, summary = read_metrics(log_dir), read_summary(log_dir)
-    assert [r["compiled"] for r in rows] == [False, True, True, True]
-    assert all(r["world_size"] == 1 and r["t_sync"] == 0 for r in rows)
-    assert summary["swap_iteration"] == 2 and summary["compile_time"] > 0 and len(summary["rank_param_digests"]) == 1
-    assert "swapped in at iteration 2" in proc.stderr
-
-
 T, N, MB = 16, 4, 16  # steps, envs in all, minibatch rows per rank (of 2)
 
 
@@ -303,8 +251,6 @@ BAD_INPUT = [
     ([CLASSIC, "--env-id", "Breakout-v5"], ["Atari"]),
     ([ATARI, "--env-id", "CartPole-v1"], ["classic-control"]),
     ([CLASSIC, "--no-global-adv-norm", "--resume", "/nonexistent/agent.pt"], ["no such file"]),
-    ([CLASSIC, "--compile-async"], ["needs --compile"]),
-    ([ATARI, "--compile", "--compile-swap-iteration", "2"], ["needs --compile-async"]),
 ]
 
 
