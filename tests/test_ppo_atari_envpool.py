@@ -148,7 +148,10 @@ def test_compiled_update_matches_eager(tc, bf16):
     (2^-8 = 0.4%) and eager and inductor may round at different points, so losses get 1e-2 relative and gradients
     are compared by direction (cosine) and norm (measured here: both paths use the same oneDNN kernels and agree to
     1e-8). Adam's first step moves each parameter by lr * g / (|g| + eps), at most lr, and is sensitive to gradient
-    error only where |g| ~ eps: parameters must agree within 1% of lr in fp32 (measured 0.04%), 5% in bf16."""
+    error only where |g| ~ eps: parameters must agree within 1% of lr in fp32 (measured 0.04%). In bf16 a parameter
+    whose gradient is that small can move differently by a good part of lr (4 of 8,192 conv weights by 16% of lr on a
+    Zen 4 CPU, 0 on an Intel AMX one), so there all must agree within lr and at most 0.5% of the entries (of all
+    parameters) may differ by over 5% of lr."""
     torch.manual_seed(0)
     args = tc.Args()
     n = 64
@@ -175,8 +178,11 @@ def test_compiled_update_matches_eager(tc, bf16):
     else:
         torch.testing.assert_close(stats_c, stats_e, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(grads_c, grads_e, rtol=1e-4, atol=1e-6)
-    for k in after_e:
-        torch.testing.assert_close(after_c[k], after_e[k], rtol=0, atol=(0.05 if bf16 else 0.01) * args.learning_rate)
+    diff = torch.cat([(after_c[k] - after_e[k]).abs().flatten() for k in after_e]) / args.learning_rate
+    if bf16:
+        assert diff.max() <= 1 and (diff > 0.05).float().mean() <= 0.005, (diff.max(), (diff > 0.05).sum())
+    else:
+        assert diff.max() <= 0.01, diff.max()
 
 
 @pytest.mark.parametrize("script", [*SCRIPTS, "ppo_atari_envpool_compile_async_torchcompile.py"])
