@@ -226,6 +226,7 @@ class SoftQNetwork(nn.Module):
         return self.fc3(x)
 
 
+LOSSES = ("qf1_loss", "qf2_loss", "qf1_values", "actor_loss", "alpha_loss")  # logged, once there are any
 LOG_STD_MAX = 2
 LOG_STD_MIN = -5
 
@@ -455,7 +456,7 @@ def main(args: Args):
             fps = (global_step - measure_from[1]) / (now - measure_from[0]) if measure_from and global_step > measure_from[1] else None
             row = dict(global_step=global_step, time=now - start, fps=fps, episodic_return=stats.mean_return(),
                        t_env=t_env, t_policy=t_policy, t_update=t_update, alpha=alpha, buffer=rb.filled,
-                       **{k: v.item() for k, v in losses.items()})
+                       **{k: losses[k].item() if k in losses else None for k in LOSSES})
             metrics.write(json.dumps(row) + "\n")
             if run:
                 run.log(row, step=global_step)

@@ -221,7 +221,7 @@ class ReplayBuffer:
 
     def split(self, rows):
         cols = rows.split(list(self.widths.values()), dim=1)
-        return TensorDict({k: c.squeeze(1) if w == 1 else c for (k, w), c in zip(self.widths.items(), cols)},
+        return TensorDict({k: c.squeeze(1) if k in ("rewards", "terminations") else c for k, c in zip(self.widths, cols)},
                           batch_size=rows.shape[:1])
 
     def add(self, row: np.ndarray):
