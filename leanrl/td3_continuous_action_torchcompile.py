@@ -1,19 +1,12 @@
-"""TD3 for continuous control (MuJoCo through envpool, HalfCheetah-v4), restructured to run as fast as the hardware
-allows.
+"""TD3 for continuous control (MuJoCo through envpool, HalfCheetah-v4), restructured to run fast.
 
-The algorithm, networks and defaults of td3_continuous_action.py (CleanRL's), cut LeanRL-style into units that
-torch.compile and CUDA graphs can wrap: `policy` (one acting step), `update_critic`, `update_actor` and
-`update_targets`. One env step is followed by one update of 256 samples: on a CPU each costs its Python and
-dispatcher overhead more than its arithmetic, so the tricks here remove machinery:
-
-- the twin Q-networks are one set of stacked parameters, evaluated in one batched call (torch.vmap over
-  torch.func.functional_call): one forward and one backward instead of two;
-- gradients come from torch.func.grad and the step from torch.optim's own functional Adam, so that torch.compile
-  turns loss, backward and Adam step into one graph per update (loss.backward() and optimizer.step() break it);
-- the target update is one in-place torch._foreach_lerp_ over all target tensors (actor and twin Q);
-- the random numbers of an update (batch indices, the target smoothing noise) are drawn outside the units with the
-  loop's generator; the exploration noise of a log chunk is drawn in one call;
-- a transition reaches the buffer as one row of one preallocated tensor (one copy per env step).
+td3_continuous_action.py's algorithm, networks and defaults (CleanRL's), cut into units that torch.compile and
+CUDA graphs wrap: `policy` (one acting step), `update_critic`, `update_actor`, `update_targets`. Each env step is
+followed by an update of 256 samples, whose cost on a CPU is mostly Python and dispatch, so the tricks remove
+machinery: the twin Q-networks are stacked parameters evaluated in one call (torch.vmap over functional_call);
+gradients come from torch.func.grad and the step from torch.optim's functional Adam, so each update compiles into one
+graph; the target update is one in-place torch._foreach_lerp_; the update's random numbers are drawn
+outside the units from the loop's generator, in one call each; a transition is one row of one device tensor.
 
     python leanrl/td3_continuous_action_torchcompile.py --compile               # CPU or GPU
     python leanrl/td3_continuous_action_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the units
@@ -107,7 +100,7 @@ class Args:
     resume: Optional[str] = None
     """path of an agent.pt written by --save-model: continue that run (the buffer refills, see load_checkpoint)"""
     num_threads: int = 1
-    """torch intra-op threads (1 measures fastest for these 256-unit layers at batch 256 on 2 cores)"""
+    """torch intra-op threads (1, as in the PPO scripts: the env and the loop keep the other core)"""
 
 
 def fail(message: str):
@@ -130,17 +123,11 @@ def parse_args() -> Args:
 
 def check_env_id(env_id: str):
     family = envpool.registration.registry.specs.get(env_id, ("",))[0]
-    if family == "envpool.mujoco.gym":
-        return
-    if "atari" in family:
-        fail(f"--env-id {env_id} is an Atari game (discrete actions); TD3 here takes continuous actions, "
-             "use leanrl/ppo_atari_envpool.py")
-    if "classic_control" in family:
-        fail(f"--env-id {env_id} is a classic-control task; this script takes MuJoCo tasks such as HalfCheetah-v4 "
-             "(discrete classic control: leanrl/ppo.py)")
-    if "mujoco" in family:
-        fail(f"--env-id {env_id} is not a Gymnasium-style MuJoCo task; this script takes ids such as HalfCheetah-v4")
-    fail(f"--env-id {env_id!r} is unknown; this script takes envpool MuJoCo ids such as HalfCheetah-v4, Hopper-v4")
+    if family != "envpool.mujoco.gym":
+        kind = ("an Atari game (discrete actions: leanrl/ppo_atari_envpool.py)" if "atari" in family else
+                "a classic-control task (discrete ones: leanrl/ppo.py)" if "classic_control" in family else
+                "not a Gymnasium-style MuJoCo task" if "mujoco" in family else "unknown")
+        fail(f"--env-id {env_id!r} is {kind}; TD3 here takes envpool MuJoCo ids such as HalfCheetah-v4, Hopper-v4")
 
 
 def check_args(args: Args):
@@ -164,11 +151,10 @@ def check_args(args: Args):
         fail("--capture-video is not supported: envpool renders no frames")
     if args.resume and not os.path.isfile(args.resume):
         fail(f"--resume {args.resume}: no such file")
-    if args.log_dir:
-        with contextlib.suppress(OSError):
-            os.makedirs(args.log_dir, exist_ok=True)
-        if not (os.path.isdir(args.log_dir) and os.access(args.log_dir, os.W_OK)):
-            fail(f"--log-dir {args.log_dir} cannot be created or written")
+    with contextlib.suppress(OSError):
+        os.makedirs(args.log_dir or ".", exist_ok=True)
+    if not (os.path.isdir(args.log_dir or ".") and os.access(args.log_dir or ".", os.W_OK)):
+        fail(f"--log-dir {args.log_dir} cannot be created or written")
     check_env_id(args.env_id)
 
 
@@ -268,13 +254,11 @@ def twin_q(qnet, q_params, obs, actions):
 
 def adam_step(optimizer, params: list, grads: list, lr):
     """torch.optim.Adam's step in its functional form, on the optimizer's own state (see make_optimizer)."""
-    state = [optimizer.state[p] for p in params]
-    group = optimizer.param_groups[0]
+    state, group = [optimizer.state[p] for p in params], optimizer.param_groups[0]
     with torch.no_grad():
-        adam(params, grads, [s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state], [],
-             [s["step"] for s in state], foreach=False, capturable=group["capturable"], amsgrad=False,
-             beta1=group["betas"][0], beta2=group["betas"][1], lr=lr, weight_decay=0.0, eps=group["eps"],
-             maximize=False)
+        adam(params, grads, [s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state], [], [s["step"] for s in state],
+             foreach=False, capturable=group["capturable"], amsgrad=False, beta1=group["betas"][0],
+             beta2=group["betas"][1], lr=lr, weight_decay=0.0, eps=group["eps"], maximize=False)
 
 
 def critic_loss(q_params, u, obs, actions, rewards, next_obs, terminations, noise):
@@ -291,8 +275,7 @@ def critic_loss(q_params, u, obs, actions, rewards, next_obs, terminations, nois
 def update_critic(u, obs, actions, rewards, next_obs, terminations, noise):
     """One gradient step of both Q-networks; `noise` is N(0, 1) for the target policy smoothing.
     Returns [qf1_loss, qf2_loss, qf1_values]."""
-    params = {name: p.detach() for name, p in u.q_params.items()}
-    grads, stats = torch.func.grad(critic_loss, has_aux=True)(params, u, obs, actions, rewards, next_obs,
+    grads, stats = torch.func.grad(critic_loss, has_aux=True)(u.q_params_data, u, obs, actions, rewards, next_obs,
                                                               terminations, noise)
     adam_step(u.q_optimizer, list(u.q_params.values()), list(grads.values()), u.lr)
     return stats
@@ -330,8 +313,8 @@ def make_optimizer(params: list, lr, capturable: bool):
     the state is created here rather than lazily on a first optimizer.step()."""
     optimizer = torch.optim.Adam(params, lr=lr, capturable=capturable)
     for p in params:
-        step = torch.zeros((), device=p.device if capturable else "cpu")
-        optimizer.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        optimizer.state[p] = dict(step=torch.zeros((), device=p.device if capturable else "cpu"),
+                                  exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
     return optimizer
 
 
@@ -357,14 +340,9 @@ def make_units(args: Args, n_obs: int, n_actions: int, low, high, device, compil
     u.onlines = [p.data for p in actor.parameters()] + list(u.q_params_data.values())
     u.q_optimizer = make_optimizer(list(q_params.values()), u.lr, args.cudagraphs)
     u.actor_optimizer = make_optimizer(list(actor.parameters()), u.lr, args.cudagraphs)
-    units = dict(policy=policy, update_critic=update_critic, update_actor=update_actor, update_targets=update_targets)
-    for name, fn in units.items():
-        fn = functools.partial(fn, u)
-        if compiled:
-            fn = torch.compile(fn)
-        if args.cudagraphs:
-            fn = CudaGraphModule(fn)
-        setattr(u, name, fn)
+    for fn in (policy, update_critic, update_actor, update_targets):
+        unit = torch.compile(functools.partial(fn, u)) if compiled else functools.partial(fn, u)
+        setattr(u, fn.__name__, CudaGraphModule(unit) if args.cudagraphs else unit)
     return u
 
 
@@ -454,10 +432,8 @@ def main(args: Args):
                 u.q_target[name].copy_(ckpt["q_target"][name])
         rng.set_state(ckpt["rng"])
         np_rng.bit_generator.state = ckpt["np_rng"]
-    rb = ReplayBuffer(args.buffer_size, n_obs, n_actions, device)
-    stats = EpisodeStats()
-    if ckpt:
-        stats.returns.extend(ckpt["returns"].tolist())
+    rb, stats = ReplayBuffer(args.buffer_size, n_obs, n_actions, device), EpisodeStats()
+    stats.returns.extend(ckpt["returns"].tolist() if ckpt else [])
 
     def checkpoint():
         save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
@@ -474,8 +450,7 @@ def main(args: Args):
 
         run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
                          name=os.path.basename(log_dir), dir=log_dir, save_code=True)
-    metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
-    stop = StopFlag()
+    metrics, stop = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1), StopFlag()
     bar = tqdm.tqdm(total=args.total_timesteps, initial=global_step, unit="step", dynamic_ncols=True,
                     desc="compiling on first call" if args.compile else None)
     start, measure_from, fps, forced, first_update, act_noise = time.perf_counter(), None, None, False, None, None
@@ -516,11 +491,9 @@ def main(args: Args):
                     units |= {"actor", "targets"}
                 units.add("critic")
                 t_update += time.perf_counter() - t2
-            if args.compile and not units <= compiled:
-                compile_time += time.perf_counter() - t0
-                compiled |= units
-                if len(compiled) == 4:
-                    bar.set_description(None)
+            if args.compile and not units <= compiled:  # a unit ran for the first time: it compiled in this step
+                compile_time, compiled = compile_time + time.perf_counter() - t0, compiled | units
+                bar.set_description(None if len(compiled) == 4 else bar.desc)
 
             if global_step % args.log_every and global_step < args.total_timesteps:
                 continue
