@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
 # The sweep behind doc/fps_table.md: every training script with its flag combinations, seeds interleaved so that
 # drift on the machine hits all configurations alike, then the table and the plots (leanrl/report.py).
-#   bash run.sh                  # all families: classic, atari, mujoco
+#   bash run.sh                  # all families: classic, atari, mujoco, sac, td3
 #   bash run.sh classic atari    # some of them
 # Budgets (steps per run): CLASSIC_STEPS (default 200000), ATARI_STEPS (10240), MUJOCO_STEPS (20480): the whole
 # default sweep takes about half an hour on 2 CPU cores. FULL=1: the published budgets (500k, 10M, 1M).
+# Off-policy families (sac, td3, HalfCheetah-v4): OFFPOLICY_STEPS (default 8000) with updates from step 5000 (TD3's
+# own default is 25000), fps counted after a further 1000; FULL=1: 1M steps with the scripts' defaults.
 # SMOKE=1: every script once with the tiny smoke budget and without --compile (the tests cover the compiled paths),
 # table into $OUT/doc: what CI runs. The variants (quantized, pruned, ddp2) otherwise run with --compile.
 # SEEDS (default "21 31 41"), OUT (default runs/bench, or runs/smoke), DOC (default doc, or $OUT/doc with SMOKE).
 # Re-running resumes: a run with a summary.json is not repeated. What this machine cannot run is skipped, saying so.
 set -euo pipefail
 cd "$(dirname "$0")"
-FAMILIES=${*:-classic atari mujoco}
+FAMILIES=${*:-classic atari mujoco sac td3}
 for f in $FAMILIES; do
-  case $f in classic|atari|mujoco) ;; *) echo "error: unknown family '$f' (classic, atari or mujoco)" >&2; exit 2 ;; esac
+  case $f in classic|atari|mujoco|sac|td3) ;; *) echo "error: unknown family '$f' (classic, atari, mujoco, sac or td3)" >&2; exit 2 ;; esac
 done
 if [ "${SMOKE:-0}" = 1 ]; then
   OUT=${OUT:-runs/smoke}; DOC=${DOC:-$OUT/doc}; SEEDS=${SEEDS:-1}; COMPILE=
-  budget() { echo --num-envs 1 --num-steps 64 --total-timesteps 256; }
+  budget() { case $1 in sac|td3) echo --total-timesteps 600 --learning-starts 200 --batch-size 32 --buffer-size 1000 \
+                                   --log-every 100 --measure-burnin 100;;
+             *) echo --num-envs 1 --num-steps 64 --total-timesteps 256;; esac; }
 elif [ "${FULL:-0}" = 1 ]; then
-  budget() { echo --total-timesteps "$(case $1 in classic) echo 500000;; atari) echo 10000000;; mujoco) echo 1000000;; esac)"; }
+  budget() { echo --total-timesteps "$(case $1 in classic) echo 500000;; atari) echo 10000000;; *) echo 1000000;; esac)"; }
 else
-  budget() { echo --total-timesteps "$(case $1 in classic) echo "${CLASSIC_STEPS:-200000}";; atari) echo "${ATARI_STEPS:-10240}";; mujoco) echo "${MUJOCO_STEPS:-20480}";; esac)"; }
+  budget() { echo --total-timesteps "$(case $1 in classic) echo "${CLASSIC_STEPS:-200000}";; atari) echo "${ATARI_STEPS:-10240}";; mujoco) echo "${MUJOCO_STEPS:-20480}";; *) echo "${OFFPOLICY_STEPS:-8000}";; esac)"
+             case $1 in sac|td3) echo --learning-starts 5000;; esac; }
 fi
 OUT=${OUT:-runs/bench}; DOC=${DOC:-doc}; SEEDS=${SEEDS:-21 31 41}; COMPILE=${COMPILE---compile}
 read -r CUDA BF16 CORES < <(python -c "import os, torch
@@ -72,6 +77,8 @@ for f in $FAMILIES; do
              ppo_atari_envpool_quantized_torchcompile.py ppo_atari_envpool_pruned_torchcompile.py \
              ppo_atari_envpool_ddp_torchcompile.py ;;
     mujoco) family mujoco ppo_continuous_action.py ppo_continuous_action_torchcompile.py ;;
+    sac) family sac sac_continuous_action.py sac_continuous_action_torchcompile.py ;;
+    td3) family td3 td3_continuous_action.py td3_continuous_action_torchcompile.py ;;
   esac
 done
 echo "== sweep took $(( (SECONDS - start) / 60 )) min" >&2

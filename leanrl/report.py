@@ -223,7 +223,8 @@ def main():
              f"Written by `python leanrl/report.py {args.runs}` (the last step of `run.sh`); sweep finished "
              f"{datetime.date.fromtimestamp(newest).isoformat()}. Hardware: "
              + "; ".join(f"{cpu}, GPU: {gpu}, torch {torch}" for cpu, gpu, torch in hardware) + ".", "",
-             "fps: environment steps per second over whole iterations after burn-in, median over seeds. "
+             "fps: environment steps per second over whole iterations after burn-in (off-policy families: after "
+             "learning_starts plus the burn-in), median over seeds. "
              "`not run`: the sweep had no such configuration for that family.", ""]
     lines += headline(data, columns) + ["", "![fps](fps.png)", "", "## Final return (mean ± std over seeds)", ""]
     lines += returns_table(data, columns) + [""]

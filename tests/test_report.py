@@ -58,8 +58,10 @@ def test_run_sh_smoke(tmp_path):
     first = run_command(["bash", "run.sh"], tmp_path / "first", timeout=1500, env=env)
     assert first.returncode == 0, first.stderr[-4000:]
     text = (tmp_path / "runs/doc/fps_table.md").read_text()
-    for family, env_id in (("classic", "CartPole-v1"), ("atari", "Breakout-v5"), ("mujoco", "HalfCheetah-v4")):
-        row = next(ln for ln in text.splitlines() if ln.startswith(f"| {family} ({env_id}, 256) |"))
+    for family, env_id, steps in (("classic", "CartPole-v1", 256), ("atari", "Breakout-v5", 256),
+                                  ("mujoco", "HalfCheetah-v4", 256), ("sac", "HalfCheetah-v4", 600),
+                                  ("td3", "HalfCheetah-v4", 600)):
+        row = next(ln for ln in text.splitlines() if ln.startswith(f"| {family} ({env_id}, {steps}) |"))
         assert "x (`" in row  # a measured speed-up: the baseline ran
     assert "skipped: no CUDA device" in text
     again = run_command(["bash", "run.sh"], tmp_path / "again", timeout=300, env=env)
