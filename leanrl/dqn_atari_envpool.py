@@ -92,8 +92,8 @@ class Args:
     """if toggled, save the networks and optimizer to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
     resume: Optional[str] = None
     """path of an agent.pt written by --save-model: continue that run from where it stopped"""
-    num_threads: int = 2
-    """torch intra-op threads (2 on a 2-core CPU: the update's convolutions dominate)"""
+    num_threads: int = 1
+    """torch intra-op threads (1: on a busy 2-core CPU, 2 threads made the batch-1 acting forward 30x slower)"""
 
 
 def fail(message: str):

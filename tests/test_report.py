@@ -66,5 +66,7 @@ def test_run_sh_smoke(tmp_path):
     assert "skipped: no CUDA device" in text
     again = subprocess.run(["bash", "run.sh"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert again.returncode == 0 and "seed" not in again.stderr, again.stderr
-    bad = subprocess.run(["bash", "run.sh", "dqn"], capture_output=True, text=True, cwd=ROOT, env=env)
+    for family in ("dqn", "dqn_atari"):  # the off-policy families: their own tiny budget of 600 steps
+        assert any(ln.startswith(f"| {family} (") and ", 600) |" in ln and "x (`" in ln for ln in text.splitlines())
+    bad = subprocess.run(["bash", "run.sh", "nosuch"], capture_output=True, text=True, cwd=ROOT, env=env)
     assert_user_error(bad, "unknown family")
