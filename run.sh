@@ -1,32 +1,46 @@
 #!/usr/bin/env bash
 # The sweep behind doc/fps_table.md: every training script with its flag combinations, seeds interleaved so that
 # drift on the machine hits all configurations alike, then the table and the plots (leanrl/report.py).
-#   bash run.sh                  # all families: classic, atari, mujoco, sac, td3
+#   bash run.sh                  # all families: classic, atari, mujoco, sac, td3, dqn, dqn_atari
 #   bash run.sh classic atari    # some of them
 # Budgets (steps per run): CLASSIC_STEPS (default 200000), ATARI_STEPS (10240), MUJOCO_STEPS (20480): the whole
 # default sweep takes about half an hour on 2 CPU cores. FULL=1: the published budgets (500k, 10M, 1M).
 # Off-policy families (sac, td3, HalfCheetah-v4): OFFPOLICY_STEPS (default 8000) with updates from step 5000 (TD3's
 # own default is 25000), fps counted after a further 1000; FULL=1: 1M steps with the scripts' defaults.
+# DQN (dqn, dqn_atari): DQN_STEPS (default 30000), DQN_ATARI_STEPS (6000, learning from step 2000, a 100k-frame
+# buffer); fps counts the steps after learning starts; FULL=1: 500k and 10M with CleanRL's learning_starts.
 # SMOKE=1: every script once with the tiny smoke budget and without --compile (the tests cover the compiled paths),
 # table into $OUT/doc: what CI runs. The variants (quantized, pruned, ddp2) otherwise run with --compile.
 # SEEDS (default "21 31 41"), OUT (default runs/bench, or runs/smoke), DOC (default doc, or $OUT/doc with SMOKE).
 # Re-running resumes: a run with a summary.json is not repeated. What this machine cannot run is skipped, saying so.
 set -euo pipefail
 cd "$(dirname "$0")"
-FAMILIES=${*:-classic atari mujoco sac td3}
+FAMILIES=${*:-classic atari mujoco sac td3 dqn dqn_atari}
 for f in $FAMILIES; do
-  case $f in classic|atari|mujoco|sac|td3) ;; *) echo "error: unknown family '$f' (classic, atari, mujoco, sac or td3)" >&2; exit 2 ;; esac
+  case $f in classic|atari|mujoco|sac|td3|dqn|dqn_atari) ;;
+    *) echo "error: unknown family '$f' (classic, atari, mujoco, sac, td3, dqn or dqn_atari)" >&2; exit 2 ;; esac
 done
+dqn_budget() {  # family steps: DQN's budget flags (learning_starts, log lines, buffer) for a run of that many steps
+  case $1 in
+    dqn) echo --total-timesteps "$2" $([ "$2" -lt 20000 ] && echo --learning-starts 200 --measure-burnin 100 --log-every 100) ;;
+    dqn_atari) echo --total-timesteps "$2" $([ "$2" -lt 100000 ] && echo --learning-starts $(( $2 / 3 )) \
+      --measure-burnin $(( $2 / 12 )) --log-every $(( $2 / 12 )) --buffer-size $(( $2 < 1000 ? 200 : 100000 )) \
+      $([ "$2" -lt 1000 ] && echo --batch-size 8)) ;;
+  esac
+}
 if [ "${SMOKE:-0}" = 1 ]; then
   OUT=${OUT:-runs/smoke}; DOC=${DOC:-$OUT/doc}; SEEDS=${SEEDS:-1}; COMPILE=
   budget() { case $1 in sac|td3) echo --total-timesteps 600 --learning-starts 200 --batch-size 32 --buffer-size 1000 \
                                    --log-every 100 --measure-burnin 100;;
+             dqn|dqn_atari) dqn_budget "$1" 600;;
              *) echo --num-envs 1 --num-steps 64 --total-timesteps 256;; esac; }
 elif [ "${FULL:-0}" = 1 ]; then
-  budget() { echo --total-timesteps "$(case $1 in classic) echo 500000;; atari) echo 10000000;; *) echo 1000000;; esac)"; }
+  budget() { case $1 in dqn) dqn_budget dqn 500000;; dqn_atari) dqn_budget dqn_atari 10000000;;
+    *) echo --total-timesteps "$(case $1 in classic) echo 500000;; atari) echo 10000000;; *) echo 1000000;; esac)";; esac; }
 else
-  budget() { echo --total-timesteps "$(case $1 in classic) echo "${CLASSIC_STEPS:-200000}";; atari) echo "${ATARI_STEPS:-10240}";; mujoco) echo "${MUJOCO_STEPS:-20480}";; *) echo "${OFFPOLICY_STEPS:-8000}";; esac)"
-             case $1 in sac|td3) echo --learning-starts 5000;; esac; }
+  budget() { case $1 in dqn) dqn_budget dqn "${DQN_STEPS:-30000}";; dqn_atari) dqn_budget dqn_atari "${DQN_ATARI_STEPS:-6000}";;
+    *) echo --total-timesteps "$(case $1 in classic) echo "${CLASSIC_STEPS:-200000}";; atari) echo "${ATARI_STEPS:-10240}";; mujoco) echo "${MUJOCO_STEPS:-20480}";; *) echo "${OFFPOLICY_STEPS:-8000}";; esac)"
+      case $1 in sac|td3) echo --learning-starts 5000;; esac;; esac; }
 fi
 OUT=${OUT:-runs/bench}; DOC=${DOC:-doc}; SEEDS=${SEEDS:-21 31 41}; COMPILE=${COMPILE---compile}
 read -r CUDA BF16 CORES < <(python -c "import os, torch
@@ -79,6 +93,8 @@ for f in $FAMILIES; do
     mujoco) family mujoco ppo_continuous_action.py ppo_continuous_action_torchcompile.py ;;
     sac) family sac sac_continuous_action.py sac_continuous_action_torchcompile.py ;;
     td3) family td3 td3_continuous_action.py td3_continuous_action_torchcompile.py ;;
+    dqn) family dqn dqn.py dqn_torchcompile.py ;;
+    dqn_atari) family dqn_atari dqn_atari_envpool.py dqn_atari_envpool_torchcompile.py ;;
   esac
 done
 echo "== sweep took $(( (SECONDS - start) / 60 )) min" >&2

@@ -60,7 +60,8 @@ def test_run_sh_smoke(tmp_path):
     text = (tmp_path / "runs/doc/fps_table.md").read_text()
     for family, env_id, steps in (("classic", "CartPole-v1", 256), ("atari", "Breakout-v5", 256),
                                   ("mujoco", "HalfCheetah-v4", 256), ("sac", "HalfCheetah-v4", 600),
-                                  ("td3", "HalfCheetah-v4", 600)):
+                                  ("td3", "HalfCheetah-v4", 600), ("dqn", "CartPole-v1", 600),
+                                  ("dqn_atari", "Breakout-v5", 600)):
         row = next(ln for ln in text.splitlines() if ln.startswith(f"| {family} ({env_id}, {steps}) |"))
         assert "x (`" in row  # a measured speed-up: the baseline ran
     assert "skipped: no CUDA device" in text
