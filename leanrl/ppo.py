@@ -138,8 +138,7 @@ def check_env_id(env_id: str):
 
 
 def check_args(args: Args) -> Optional[dict]:
-    """Every flag against its meaning, before any work: a user mistake ends the run here with one line. Returns the
-    checkpoint to resume from, if any."""
+    """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
     def need(ok: bool, name: str, what: str):
         if not ok:
             fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
