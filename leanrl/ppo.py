@@ -127,7 +127,6 @@ def check_env_id(env_id: str):
             return
         fail(f"--env-id {env_id} has continuous actions; this script is for discrete classic control (e.g. CartPole-v1)")
     import envpool.registration  # knows the Atari and MuJoCo ids, to point at the right script
-
     family = envpool.registration.registry.specs.get(env_id, ("",))[0]
     if "atari" in family:
         fail(f"--env-id {env_id} is an Atari game; use leanrl/ppo_atari_envpool.py")
@@ -142,7 +141,6 @@ def check_args(args: Args) -> Optional[dict]:
     def need(ok: bool, name: str, what: str):
         if not ok:
             fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
-
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
         need(getattr(args, name) > 0, name, "positive")
     for name in ("learning_rate", "clip_coef", "max_grad_norm"):
@@ -293,13 +291,12 @@ def save_checkpoint(path: str, payload: dict):
 
 
 def load_checkpoint(args: Args) -> dict:
-    if not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
     try:
         ckpt = torch.load(args.resume, weights_only=True)
         saved, writer = ckpt["args"], ckpt.get("script", SCRIPT)  # checkpoints from before the key: this script's
-    except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
-        fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
+    except Exception as e:  # a missing, corrupt or foreign file is a user mistake, not a crash
+        fail(f"--resume {args.resume}: " + ("no such file" if isinstance(e, FileNotFoundError) else
+                                            f"not a checkpoint this script wrote ({type(e).__name__})"))
     if writer != SCRIPT:
         fail(f"--resume {args.resume} was written by {writer}.py; resume it with that script")
     for key in ("env_id", "num_envs", "num_steps"):

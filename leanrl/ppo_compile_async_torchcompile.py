@@ -1,17 +1,14 @@
 """PPO on discrete classic control (CartPole-v1), restructured to run as fast as the hardware allows.
 
-The algorithm, network and defaults of ppo.py (CleanRL's), cut LeanRL-style into units that torch.compile and
-CUDA graphs can wrap: `policy` (one rollout step), `gae`, and `update` (one minibatch, optimizer step inside).
-On a CPU a 64-unit MLP costs less than the machinery around it, so the tricks here remove machinery:
-- a rollout step only samples: argmax(logits + Gumbel noise) is exact Categorical sampling, without a Distribution
-  object; the rollout's log-probabilities and values come from one batched forward afterwards;
-- the rollout policy is an inference copy of the agent sharing its storage, without autograd; the env's outputs are
-  staged in numpy and reach the buffers in one copy per iteration;
-- `update` takes its gradients with torch.func.grad and applies torch.optim's own functional Adam, so that
-  torch.compile turns forward, backward, clipping and the Adam step into one graph: one entry per minibatch
-  instead of four (forward, autograd backward, clip, optimizer.step, which forces a graph break);
-- lr is a tensor changed in place (no recompilation), and once everything has compiled the guards are skipped.
-doc/classic_control.md has the measurements behind each of these.
+The algorithm, network and defaults of ppo.py (CleanRL's), cut LeanRL-style into units that torch.compile and CUDA
+graphs can wrap: `policy` (one rollout step), `gae`, `update` (one minibatch, optimizer step inside). On a CPU a
+64-unit MLP costs less than the machinery around it, so the tricks remove machinery: a rollout step only samples
+(argmax(logits + Gumbel noise) is exact Categorical sampling, without a Distribution object; log-probabilities and
+values come from one batched forward afterwards), with an inference copy of the agent (shared storage, no autograd);
+the env's outputs are staged in numpy and reach the buffers in one copy per iteration; `update` takes torch.func.grad
+and applies torch.optim's functional Adam, so that compiled, forward, backward, clipping and the Adam step are one graph
+(one entry per minibatch instead of four: optimizer.step forces a graph break); lr is a tensor changed in place (no
+recompilation); once all has compiled the guards are skipped. doc/classic_control.md has the measurements of each.
 
 This script is ppo_torchcompile.py plus one trick, `--compile-async`: training starts at once, eagerly, while the
 units compile off the critical path (a subprocess fills Inductor's on-disk cache, then a thread compiles from it and
@@ -25,6 +22,7 @@ that a warm Inductor cache is what makes the compile cost nearly nothing, and pl
 import contextlib
 import copy
 import functools
+import importlib.util
 import io
 import json
 import math
@@ -141,9 +139,8 @@ def fail(message: str):
 
 
 def parse_args() -> Args:
-    err = io.StringIO()
     try:
-        with contextlib.redirect_stderr(err):
+        with contextlib.redirect_stderr(err := io.StringIO()):
             return tyro.cli(Args)
     except SystemExit as e:
         if e.code:  # tyro draws a multi-line box: fold it into the one line a user mistake gets
@@ -159,7 +156,6 @@ def check_env_id(env_id: str):
             return
         fail(f"--env-id {env_id} has continuous actions; this script is for discrete classic control (e.g. CartPole-v1)")
     import envpool.registration  # knows the Atari and MuJoCo ids, to point at the right script
-
     family = envpool.registration.registry.specs.get(env_id, ("",))[0]
     if "atari" in family:
         fail(f"--env-id {env_id} is an Atari game; use leanrl/ppo_atari_envpool.py")
@@ -174,7 +170,6 @@ def check_args(args: Args) -> Optional[dict]:
     def need(ok: bool, name: str, what: str):
         if not ok:
             fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
-
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
         need(getattr(args, name) > 0, name, "positive")
     for name in ("learning_rate", "clip_coef", "max_grad_norm"):
@@ -197,11 +192,8 @@ def check_args(args: Args) -> Optional[dict]:
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     check_env_id(args.env_id)
-    if args.capture_video:
-        try:
-            import moviepy, pygame  # noqa: F401, E401
-        except ImportError:
-            fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
+    if args.capture_video and not all(importlib.util.find_spec(m) for m in ("moviepy", "pygame")):
+        fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
     ckpt = load_checkpoint(args) if args.resume else None
     check_log_dir(args)
     return ckpt
@@ -239,20 +231,14 @@ def env_parts(env):
 
 def env_state(envs) -> list:
     """Everything that moves in a classic-control vector env: a checkpoint holding it resumes bit for bit."""
-    out = []
-    for env in envs.envs:
-        u, limit = env_parts(env)
-        out.append(dict(state=torch.as_tensor(np.array(u.state, dtype=np.float64)), rng=u.np_random.bit_generator.state,
-                        elapsed=limit._elapsed_steps, beyond=getattr(u, "steps_beyond_terminated", None)))
-    return out
+    return [dict(state=torch.as_tensor(np.array(u.state, dtype=np.float64)), rng=u.np_random.bit_generator.state,
+                 elapsed=limit._elapsed_steps, beyond=getattr(u, "steps_beyond_terminated", None))
+            for u, limit in map(env_parts, envs.envs)]
 
 
 def set_env_state(envs, states: list):
-    for env, s in zip(envs.envs, states):
-        u, limit = env_parts(env)
-        u.state = s["state"].numpy()
-        u.np_random.bit_generator.state = s["rng"]
-        limit._elapsed_steps = s["elapsed"]
+    for (u, limit), s in zip(map(env_parts, envs.envs), states):
+        u.state, u.np_random.bit_generator.state, limit._elapsed_steps = s["state"].numpy(), s["rng"], s["elapsed"]
         if hasattr(u, "steps_beyond_terminated"):
             u.steps_beyond_terminated = s["beyond"]
 
@@ -275,9 +261,8 @@ class Agent(nn.Module):
         return self.critic(x).squeeze(-1)
 
     def act(self, x, gumbel):
-        """One rollout step: an action sampled by the Gumbel-max trick, argmax(logits + Gumbel noise), which is
-        exact Categorical sampling. Acting needs nothing else: the rollout's log-probabilities and values come
-        from one batched forward afterwards (same parameters, so the same numbers)."""
+        """One rollout step: argmax(logits + Gumbel noise), exact Categorical sampling. Acting needs nothing else: the
+        rollout's log-probabilities and values come from one batched forward afterwards (same numbers)."""
         return (self.actor(x) + gumbel).argmax(-1)
 
     def forward(self, x, action):
@@ -302,10 +287,8 @@ def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int, rn
         actions.append(action)
         t1 = time.perf_counter()
         next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
-        t_env += time.perf_counter() - t1
-        t_policy += t1 - t0
-        next_done = terminations | truncations
-        rewards[step] = reward
+        t_env, t_policy = t_env + time.perf_counter() - t1, t_policy + t1 - t0
+        next_done, rewards[step] = terminations | truncations, reward
         episodes.record(reward, next_done)
     for key, x in (("obs", obs), ("dones", dones), ("rewards", rewards)):
         buf[key].copy_(torch.from_numpy(x), non_blocking=True)
@@ -508,19 +491,17 @@ class StopFlag:
 
 
 def save_checkpoint(path: str, payload: dict):
-    tmp = path + ".tmp"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)  # atomic: a crash mid-write never leaves a truncated agent.pt
+    torch.save(payload, path + ".tmp")
+    os.replace(path + ".tmp", path)  # atomic: a crash mid-write never leaves a truncated agent.pt
 
 
 def load_checkpoint(args: Args) -> dict:
-    if not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
     try:
         ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
         saved, writer = ckpt["args"], ckpt.get("script", SCRIPT)  # checkpoints from before the key: this script's
-    except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
-        fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
+    except Exception as e:  # a missing, corrupt or foreign file is a user mistake, not a crash
+        fail(f"--resume {args.resume}: " + ("no such file" if isinstance(e, FileNotFoundError) else
+                                            f"not a checkpoint this script wrote ({type(e).__name__})"))
     if writer != SCRIPT:
         fail(f"--resume {args.resume} was written by {writer}.py; resume it with that script")
     for key in ("env_id", "num_envs", "num_steps"):
@@ -562,8 +543,7 @@ def main(args: Args):
     stats = torch.zeros(args.update_epochs * args.num_minibatches, 6, device=device)
     episodes = Episodes(args.num_envs)
     global_step, start_iteration = 0, 1
-    next_obs, _ = envs.reset(seed=args.seed)
-    next_done = np.zeros(args.num_envs, dtype=bool)
+    (next_obs, _), next_done = envs.reset(seed=args.seed), np.zeros(args.num_envs, dtype=bool)
     if args.resume:
         u.agent.load_state_dict(ckpt["agent"])
         u.optimizer.load_state_dict(ckpt["optimizer"])
@@ -624,9 +604,8 @@ def main(args: Args):
             t_gae = time.perf_counter() - t0
 
             t0 = time.perf_counter()
-            batch = [x.flatten(0, 1) for x in
-                     (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])]
-            n = 0
+            n, batch = 0, [x.flatten(0, 1) for x in
+                           (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])]
             for epoch in range(args.update_epochs):
                 perm = torch.randperm(args.batch_size, device=device, generator=rng).view(args.num_minibatches, -1)
                 for inds in perm:
