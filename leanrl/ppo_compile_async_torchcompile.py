@@ -442,7 +442,6 @@ def load_units(dst, src):
 
 class Episodes:
     """Episode statistics from the raw rewards: the returns logged are the real, unclipped ones."""
-
     def __init__(self, num_envs):
         self.ret, self.finished = np.zeros(num_envs), deque(maxlen=20)
 
@@ -474,7 +473,6 @@ def machine_info(device: torch.device) -> dict:
 class StopFlag:
     """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
     one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
-
     def __init__(self):
         self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
@@ -588,12 +586,10 @@ def main(args: Args):
                           file=sys.stderr)
             if args.anneal_lr:
                 u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
-
             next_obs, next_done, t_env, t_policy = rollout(envs, u.policy, next_obs, next_done, buf, episodes,
                                                            n_actions, rng)
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
-
             t0 = time.perf_counter()
             last_obs, last_done = torch.from_numpy(next_obs).to(device), torch.from_numpy(next_done).to(device).float()
             logprobs, _, values = u.evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
@@ -602,7 +598,6 @@ def main(args: Args):
             advantages, returns = u.gae(u.get_value(last_obs), last_done, buf["rewards"], buf["dones"], buf["values"],
                                          args.gamma, args.gae_lambda)
             t_gae = time.perf_counter() - t0
-
             t0 = time.perf_counter()
             n, batch = 0, [x.flatten(0, 1) for x in
                            (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])]
@@ -614,7 +609,6 @@ def main(args: Args):
                 if args.target_kl is not None and stats[n - 1, 0] > args.target_kl:  # a host sync, only when asked
                     break
             t_update = time.perf_counter() - t0
-
             # steady-state fps: whole iterations after the burn-in
             now = time.perf_counter()
             iter_times.append(now - t_iter)
