@@ -8,6 +8,7 @@ one autograd step per minibatch. It is the yardstick the accelerated scripts are
 """
 
 import contextlib
+import importlib.util
 import io
 import json
 import math
@@ -159,11 +160,8 @@ def check_args(args: Args) -> Optional[dict]:
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     check_env_id(args.env_id)
-    if args.capture_video:
-        try:
-            import moviepy, pygame  # noqa: F401, E401
-        except ImportError:
-            fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
+    if args.capture_video and not all(importlib.util.find_spec(m) for m in ("moviepy", "pygame")):
+        fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
     ckpt = load_checkpoint(args) if args.resume else None
     check_log_dir(args)
     return ckpt
