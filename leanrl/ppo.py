@@ -8,12 +8,15 @@ one autograd step per minibatch. It is the yardstick the accelerated scripts are
 """
 
 import contextlib
+import importlib.util
 import io
 import json
+import math
 import os
 import platform
 import signal
 import sys
+import tempfile
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -27,10 +30,12 @@ import tqdm
 import tyro
 from torch.distributions.categorical import Categorical
 
+SCRIPT = os.path.basename(__file__)[: -len(".py")]
+
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    exp_name: str = SCRIPT
     """the name of this experiment"""
     seed: int = 1
     """seed of the experiment"""
@@ -121,41 +126,55 @@ def check_env_id(env_id: str):
     if spec is not None and "classic_control" in str(spec.entry_point):
         if isinstance(gym.make(env_id).action_space, gym.spaces.Discrete):
             return
-        fail(f"{env_id} has continuous actions; this script is for discrete classic control (e.g. CartPole-v1)")
+        fail(f"--env-id {env_id} has continuous actions; this script is for discrete classic control (e.g. CartPole-v1)")
     import envpool.registration  # knows the Atari and MuJoCo ids, to point at the right script
-
     family = envpool.registration.registry.specs.get(env_id, ("",))[0]
     if "atari" in family:
-        fail(f"{env_id} is an Atari game; use leanrl/ppo_atari_envpool.py")
+        fail(f"--env-id {env_id} is an Atari game; use leanrl/ppo_atari_envpool.py")
     if spec is not None and "mujoco" in str(spec.entry_point) or "mujoco" in family:
-        fail(f"{env_id} is a MuJoCo task; this script is for discrete classic control (e.g. CartPole-v1)")
+        fail(f"--env-id {env_id} is a MuJoCo task; this script is for discrete classic control (e.g. CartPole-v1)")
     known = [k for k, s in gym.registry.items() if "classic_control" in str(s.entry_point)]
-    fail(f"unknown env id {env_id!r}; discrete classic-control ids: {', '.join(sorted(known))}")
+    fail(f"--env-id {env_id}: unknown env id; discrete classic-control ids: {', '.join(sorted(known))}")
 
 
-def check_args(args: Args):
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.learning_rate <= 0:
-        fail(f"--learning-rate must be positive, got {args.learning_rate}")
+def check_args(args: Args) -> Optional[dict]:
+    """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    def need(ok: bool, name: str, what: str):
+        if not ok:
+            fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
+        need(getattr(args, name) > 0, name, "positive")
+    for name in ("learning_rate", "clip_coef", "max_grad_norm"):
+        need(0 < getattr(args, name) < math.inf, name, "positive and finite")
+    for name in ("ent_coef", "vf_coef"):
+        need(0 <= getattr(args, name) < math.inf, name, "non-negative and finite")
+    for name in ("gamma", "gae_lambda"):
+        need(0 < getattr(args, name) <= 1, name, "in (0, 1]")
+    need(0 <= args.seed < 2**32, "seed", "in [0, 2**32)")
+    need(args.measure_burnin >= 0, "measure_burnin", "non-negative")
+    need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
              f"(num_envs x num_steps); pick a divisor of {batch_size}")
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
-    if args.resume and not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
-    if args.num_threads <= 0:
-        fail(f"--num-threads must be positive, got {args.num_threads}")
     check_env_id(args.env_id)
-    if args.capture_video:
-        try:
-            import moviepy  # noqa: F401
-            import pygame  # noqa: F401
-        except ImportError:
-            fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
+    if args.capture_video and not all(importlib.util.find_spec(m) for m in ("moviepy", "pygame")):
+        fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
+    ckpt = load_checkpoint(args) if args.resume else None
+    check_log_dir(args)
+    return ckpt
+
+
+def check_log_dir(args: Args):
+    """Last, so that a bad flag never leaves a folder behind: the log dir (default resolved into args) is writable."""
+    args.log_dir = args.log_dir or f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
+    try:
+        os.makedirs(args.log_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.log_dir).close()
+    except OSError as e:
+        fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
 
 
 def make_env(env_id, idx, capture_video, video_dir):
@@ -272,22 +291,24 @@ def save_checkpoint(path: str, payload: dict):
 def load_checkpoint(args: Args) -> dict:
     try:
         ckpt = torch.load(args.resume, weights_only=True)
-    except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
-        fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
+        saved, writer = ckpt["args"], ckpt.get("script", SCRIPT)  # checkpoints from before the key: this script's
+    except Exception as e:  # a missing, corrupt or foreign file is a user mistake, not a crash
+        fail(f"--resume {args.resume}: " + ("no such file" if isinstance(e, FileNotFoundError) else
+                                            f"not a checkpoint this script wrote ({type(e).__name__})"))
+    if writer != SCRIPT:
+        fail(f"--resume {args.resume} was written by {writer}.py; resume it with that script")
     for key in ("env_id", "num_envs", "num_steps"):
-        if ckpt["args"][key] != getattr(args, key):
-            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
+        if saved.get(key, getattr(args, key)) != getattr(args, key):
+            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {saved[key]}; pass the same")
     return ckpt
 
 
 def main(args: Args):
-    check_args(args)
+    ckpt = check_args(args)
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    script = os.path.basename(__file__)[: -len(".py")]
-    log_dir = args.log_dir or f"runs/{args.env_id.replace('/', '-')}__{script}__{args.seed}__{int(time.time())}"
-    os.makedirs(log_dir, exist_ok=True)
+    log_dir = args.log_dir  # resolved and created by check_args
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -322,7 +343,6 @@ def main(args: Args):
     next_obs = torch.Tensor(next_obs).to(device)
     next_done = torch.zeros(args.num_envs).to(device)
     if args.resume:
-        ckpt = load_checkpoint(args)
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
         torch.set_rng_state(ckpt["torch_rng"])
@@ -335,8 +355,8 @@ def main(args: Args):
 
     def checkpoint(iteration):
         save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            agent=agent.state_dict(), optimizer=optimizer.state_dict(), args=asdict(args), iteration=iteration,
-            global_step=global_step, torch_rng=torch.get_rng_state(), np_rng=rng.bit_generator.state,
+            script=SCRIPT, agent=agent.state_dict(), optimizer=optimizer.state_dict(), args=asdict(args),
+            iteration=iteration, global_step=global_step, torch_rng=torch.get_rng_state(), np_rng=rng.bit_generator.state,
             env=env_state(envs), next_obs=next_obs.cpu(), next_done=next_done.cpu(), ep_return=torch.as_tensor(ep_return),
             ep_length=torch.as_tensor(ep_length), finished=torch.tensor(list(finished), dtype=torch.float64)))
 
@@ -491,7 +511,7 @@ def main(args: Args):
         checkpoint(iteration)
 
     steady = iter_times[args.measure_burnin:]
-    summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
+    summary = dict(script=SCRIPT, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
                    wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
                    final_return=float(np.mean(finished)) if finished else None,

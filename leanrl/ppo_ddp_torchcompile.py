@@ -5,23 +5,7 @@ their gradients (one all-reduce of one flat buffer, between the gradient and the
 update and the parameters stay identical without being sent again. Advantages are normalized with each minibatch's
 moments over all ranks (`--global-adv-norm`); these, the episode returns and the stop flag travel in one small
 all-reduce per iteration. Rank 0 logs. gloo on CPU, nccl on CUDA; doc/distributed.md has launch commands and scaling.
-What follows is ppo_torchcompile.py's own description, all of which holds per rank.
-
-PPO on discrete classic control (CartPole-v1), restructured to run as fast as the hardware allows.
-
-The algorithm, network and defaults of ppo.py (CleanRL's), cut LeanRL-style into units that torch.compile and
-CUDA graphs can wrap: `policy` (one rollout step), `gae`, and `update` (one minibatch, optimizer step inside).
-On a CPU a 64-unit MLP costs less than the machinery around it, so the tricks here remove machinery:
-
-- a rollout step only samples: argmax(logits + Gumbel noise) is exact Categorical sampling, without a
-  Distribution object; the rollout's log-probabilities and values come from one batched forward afterwards;
-- the rollout policy is an inference copy of the agent sharing its storage, without autograd;
-- the env's outputs are staged in numpy and reach the buffers in one copy per iteration;
-- `update` takes its gradients with torch.func.grad and applies torch.optim's own functional Adam, so that
-  torch.compile turns forward, backward, clipping and the Adam step into one graph: one entry per minibatch
-  instead of four (forward, autograd backward, clip, optimizer.step, which forces a graph break);
-- lr is a tensor changed in place (no recompilation), and once everything has compiled the guards are skipped.
-doc/classic_control.md has the measurements behind each of these.
+ppo_torchcompile.py's docstring notes the base's own tricks, all of which hold per rank.
 
     python leanrl/ppo_ddp_torchcompile.py --compile                       # one process, no launcher
     torchrun --nproc-per-node 2 leanrl/ppo_ddp_torchcompile.py --compile  # 2 ranks on this machine
@@ -31,12 +15,15 @@ import contextlib
 import datetime
 import functools
 import hashlib
+import importlib.util
 import io
 import json
+import math
 import os
 import platform
 import signal
 import sys
+import tempfile
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -54,10 +41,12 @@ from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 from torch.optim.adam import adam
 
+SCRIPT = os.path.basename(__file__)[: -len(".py")]
+
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    exp_name: str = SCRIPT
     """the name of this experiment"""
     seed: int = 1
     """seed of the experiment"""
@@ -137,9 +126,8 @@ def fail(message: str):
 
 
 def parse_args() -> Args:
-    err = io.StringIO()
     try:
-        with contextlib.redirect_stderr(err):
+        with contextlib.redirect_stderr(err := io.StringIO()):
             return tyro.cli(Args)
     except SystemExit as e:
         if e.code:  # tyro draws a multi-line box: fold it into the one line a user mistake gets
@@ -153,44 +141,59 @@ def check_env_id(env_id: str):
     if spec is not None and "classic_control" in str(spec.entry_point):
         if isinstance(gym.make(env_id).action_space, gym.spaces.Discrete):
             return
-        fail(f"{env_id} has continuous actions; this script is for discrete classic control (e.g. CartPole-v1)")
+        fail(f"--env-id {env_id} has continuous actions; this script is for discrete classic control (e.g. CartPole-v1)")
     import envpool.registration  # knows the Atari and MuJoCo ids, to point at the right script
-
     family = envpool.registration.registry.specs.get(env_id, ("",))[0]
     if "atari" in family:
-        fail(f"{env_id} is an Atari game; use leanrl/ppo_atari_envpool.py")
+        fail(f"--env-id {env_id} is an Atari game; use leanrl/ppo_atari_envpool.py")
     if spec is not None and "mujoco" in str(spec.entry_point) or "mujoco" in family:
-        fail(f"{env_id} is a MuJoCo task; this script is for discrete classic control (e.g. CartPole-v1)")
+        fail(f"--env-id {env_id} is a MuJoCo task; this script is for discrete classic control (e.g. CartPole-v1)")
     known = [k for k, s in gym.registry.items() if "classic_control" in str(s.entry_point)]
-    fail(f"unknown env id {env_id!r}; discrete classic-control ids: {', '.join(sorted(known))}")
+    fail(f"--env-id {env_id}: unknown env id; discrete classic-control ids: {', '.join(sorted(known))}")
 
 
-def check_args(args: Args):
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.learning_rate <= 0:
-        fail(f"--learning-rate must be positive, got {args.learning_rate}")
+def check_args(args: Args) -> Optional[dict]:
+    """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    def need(ok: bool, name: str, what: str):
+        if not ok:
+            fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
+        need(getattr(args, name) > 0, name, "positive")
+    for name in ("learning_rate", "clip_coef", "max_grad_norm"):
+        need(0 < getattr(args, name) < math.inf, name, "positive and finite")
+    for name in ("ent_coef", "vf_coef"):
+        need(0 <= getattr(args, name) < math.inf, name, "non-negative and finite")
+    for name in ("gamma", "gae_lambda"):
+        need(0 < getattr(args, name) <= 1, name, "in (0, 1]")
+    need(0 <= args.seed < 2**32, "seed", "in [0, 2**32)")
+    need(args.measure_burnin >= 0, "measure_burnin", "non-negative")
+    need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
+    need(0 < args.dist_timeout < math.inf, "dist_timeout", "positive and finite")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
              f"(num_envs x num_steps); pick a divisor of {batch_size}")
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
-    if args.total_timesteps < batch_size * world_size:
-        fail(f"--total-timesteps {args.total_timesteps} is below one batch ({batch_size} steps x {world_size} ranks)")
-    if args.resume and not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
-    if args.num_threads <= 0:
-        fail(f"--num-threads must be positive, got {args.num_threads}")
-    if args.dist_timeout <= 0:
-        fail(f"--dist-timeout must be positive, got {args.dist_timeout}")
+    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
+    if args.total_timesteps < batch_size * args.world_size:
+        fail(f"--total-timesteps {args.total_timesteps} is below one batch ({batch_size} steps x {args.world_size} ranks)")
     check_env_id(args.env_id)
-    if args.capture_video:
-        try:
-            import moviepy  # noqa: F401
-            import pygame  # noqa: F401
-        except ImportError:
-            fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
+    if args.capture_video and not all(importlib.util.find_spec(m) for m in ("moviepy", "pygame")):
+        fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
+    ckpt = load_checkpoint(args) if args.resume else None
+    check_log_dir(args)
+    return ckpt
+
+
+def check_log_dir(args: Args):
+    """Last, so that a bad flag never leaves a folder behind: the log dir (default resolved into args) is writable."""
+    args.log_dir = args.log_dir or f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
+    if int(os.environ.get("RANK", "0")):  # rank 0 alone writes there
+        return
+    try:
+        os.makedirs(args.log_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.log_dir).close()
+    except OSError as e:
+        fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
 
 
 class Dist:
@@ -204,8 +207,7 @@ class Dist:
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         # NCCL wants one GPU per rank; gloo runs on CPU, and on CUDA tensors when ranks share a GPU
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        own_gpu = self.device.type == "cuda" and local_world_size <= torch.cuda.device_count()
+        own_gpu = self.device.type == "cuda" and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= torch.cuda.device_count()
         self.backend = "nccl" if own_gpu else "gloo"
         self.t_sync = 0.0  # seconds spent in collectives, reset every iteration
         if self.world_size > 1:  # the timeout bounds every collective: a rank that died or hangs stops the others
@@ -232,8 +234,7 @@ class Dist:
         for p in module.parameters():
             self.collective(dist.broadcast, p.detach(), 0)
 
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum of x over the ranks, in place."""
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:  # the sum of x over the ranks, in place
         self.collective(dist.all_reduce, x)
         return x
 
@@ -247,22 +248,17 @@ class Dist:
             dist.destroy_process_group()
 
 
-def make_env(env_id, idx, capture_video, video_dir):
-    def thunk():
-        if capture_video and idx == 0:
-            return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_dir)
-        return gym.make(env_id)
-
-    return thunk
-
-
 def make_envs(args: Args, video_dir: str, rank: int):
     # Gymnasium's SyncVectorEnv steps 4 CartPoles at ~120k steps/s here, envpool at ~55k (its per-call overhead
     # dominates at this size). SAME_STEP autoreset is CleanRL's: the observation after a done is the reset one.
     # copy=False hands back the env's own obs array (rollout copies it before the next step) instead of a deepcopy.
-    return gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, args.capture_video and rank == 0, video_dir) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
+    def make(idx):
+        if args.capture_video and idx == 0 and rank == 0:
+            return gym.wrappers.RecordVideo(gym.make(args.env_id, render_mode="rgb_array"), video_dir)
+        return gym.make(args.env_id)
+
+    return gym.vector.SyncVectorEnv([functools.partial(make, i) for i in range(args.num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
 
 
 def env_parts(env):
@@ -274,20 +270,14 @@ def env_parts(env):
 
 def env_state(envs) -> list:
     """Everything that moves in a classic-control vector env: a checkpoint holding it resumes bit for bit."""
-    out = []
-    for env in envs.envs:
-        u, limit = env_parts(env)
-        out.append(dict(state=torch.as_tensor(np.array(u.state, dtype=np.float64)), rng=u.np_random.bit_generator.state,
-                        elapsed=limit._elapsed_steps, beyond=getattr(u, "steps_beyond_terminated", None)))
-    return out
+    return [dict(state=torch.as_tensor(np.array(u.state, dtype=np.float64)), rng=u.np_random.bit_generator.state,
+                 elapsed=limit._elapsed_steps, beyond=getattr(u, "steps_beyond_terminated", None))
+            for u, limit in map(env_parts, envs.envs)]
 
 
 def set_env_state(envs, states: list):
-    for env, s in zip(envs.envs, states):
-        u, limit = env_parts(env)
-        u.state = s["state"].numpy()
-        u.np_random.bit_generator.state = s["rng"]
-        limit._elapsed_steps = s["elapsed"]
+    for (u, limit), s in zip(map(env_parts, envs.envs), states):
+        u.state, u.np_random.bit_generator.state, limit._elapsed_steps = s["state"].numpy(), s["rng"], s["elapsed"]
         if hasattr(u, "steps_beyond_terminated"):
             u.steps_beyond_terminated = s["beyond"]
 
@@ -301,28 +291,17 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 class Agent(nn.Module):
     def __init__(self, n_obs: int, n_actions: int):
         super().__init__()
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(n_obs, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0),
-        )
-        self.actor = nn.Sequential(
-            layer_init(nn.Linear(n_obs, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, n_actions), std=0.01),
-        )
+        self.critic = nn.Sequential(layer_init(nn.Linear(n_obs, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+                                    layer_init(nn.Linear(64, 1), std=1.0))
+        self.actor = nn.Sequential(layer_init(nn.Linear(n_obs, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+                                   layer_init(nn.Linear(64, n_actions), std=0.01))
 
     def get_value(self, x):
         return self.critic(x).squeeze(-1)
 
     def act(self, x, gumbel):
-        """One rollout step: an action sampled by the Gumbel-max trick, argmax(logits + Gumbel noise), which is
-        exact Categorical sampling. Acting needs nothing else: the rollout's log-probabilities and values come
-        from one batched forward afterwards (same parameters, so the same numbers)."""
+        """One rollout step: argmax(logits + Gumbel noise), exact Categorical sampling. Acting needs nothing else: the
+        rollout's log-probabilities and values come from one batched forward afterwards (same numbers)."""
         return (self.actor(x) + gumbel).argmax(-1)
 
     def forward(self, x, action):
@@ -333,15 +312,13 @@ class Agent(nn.Module):
 
 
 def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int, rng: torch.Generator):
-    """num_steps steps of every env into `buf`; returns the last obs/done (numpy) and the time split.
-    The env's outputs are staged in numpy and the actions in a list, and each reaches `buf` in one copy per
-    iteration: per step that is a few numpy writes instead of several tensor ops."""
+    """num_steps steps of every env into `buf`; returns the last obs/done (numpy) and the time split. The env's outputs
+    (in numpy) and the actions (in a list) reach `buf` in one copy per iteration, not several tensor ops per step."""
     num_steps, device = buf["obs"].shape[0], buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
     dones, rewards = np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
     gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()  # one draw per rollout
-    actions = []
-    t_env = t_policy = 0.0
+    actions, t_env, t_policy = [], 0.0, 0.0
     for step in range(num_steps):
         obs[step], dones[step] = next_obs, next_done
         t0 = time.perf_counter()
@@ -349,10 +326,8 @@ def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int, rn
         actions.append(action)
         t1 = time.perf_counter()
         next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
-        t_env += time.perf_counter() - t1
-        t_policy += t1 - t0
-        next_done = terminations | truncations
-        rewards[step] = reward
+        t_env, t_policy = t_env + time.perf_counter() - t1, t_policy + t1 - t0
+        next_done, rewards[step] = terminations | truncations, reward
         episodes.record(reward, next_done)
     for key, x in (("obs", obs), ("dones", dones), ("rewards", rewards)):
         buf[key].copy_(torch.from_numpy(x), non_blocking=True)
@@ -362,8 +337,7 @@ def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int, rn
 
 def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda: float):
     """Generalized advantage estimation, CleanRL's recursion; compiled it fuses into one loop."""
-    advantages = torch.empty_like(rewards)
-    lastgaelam = torch.zeros_like(next_value)
+    advantages, lastgaelam = torch.empty_like(rewards), torch.zeros_like(next_value)
     nextnonterminal, nextvalues = 1.0 - next_done, next_value
     for t in range(rewards.shape[0] - 1, -1, -1):
         delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
@@ -395,9 +369,7 @@ def ppo_loss(params, agent, args, obs, actions, logprobs, advantages, returns, v
 @torch.compiler.disable  # left eager inside the compiled update (a graph break), so that its time is measured: t_sync
 def average_gradients(dist_: Dist, grads: dict) -> dict:
     """The mean of every rank's gradients: one all-reduce of one flat buffer (a few kB here), not one per tensor."""
-    flat = torch.cat([g.flatten() for g in grads.values()])
-    dist_.all_reduce(flat)
-    flat /= dist_.world_size
+    flat = dist_.all_reduce(torch.cat([g.flatten() for g in grads.values()])) / dist_.world_size
     return {name: x.view_as(g) for (name, g), x in zip(grads.items(), flat.split([g.numel() for g in grads.values()]))}
 
 
@@ -416,8 +388,7 @@ def update(agent, optimizer, lr, args, dist_, obs, actions, logprobs, advantages
     for p, name in zip(plist, params):
         p.grad = grads[name]
     grad_norm = nn.utils.clip_grad_norm_(plist, args.max_grad_norm, foreach=False)  # per-tensor norms fuse; foreach does not
-    state = [optimizer.state[p] for p in plist]
-    group = optimizer.param_groups[0]
+    state, group = [optimizer.state[p] for p in plist], optimizer.param_groups[0]
     with torch.no_grad():
         adam(plist, [p.grad for p in plist], [s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state], [],
              [s["step"] for s in state], foreach=False, capturable=group["capturable"], amsgrad=False,
@@ -431,9 +402,8 @@ def sync_iteration(dist_: Dist, args: Args, advantages, perms, episodes, stop: b
     was asked to stop (all stop together). Returns (mean, std) per minibatch, the mean return, and the stop decision."""
     mb = advantages.flatten()[perms]  # (epochs x minibatches, minibatch size)
     recent = list(episodes.finished)
-    sums = torch.cat([mb.double().sum(-1), mb.double().square().sum(-1),
-                      torch.tensor([sum(recent), len(recent), float(stop)], dtype=torch.float64, device=mb.device)])
-    sums = dist_.all_reduce(sums)
+    sums = dist_.all_reduce(torch.cat([mb.double().sum(-1), mb.double().square().sum(-1), torch.tensor(
+        [sum(recent), len(recent), float(stop)], dtype=torch.float64, device=mb.device)]))
     count, n_mb = sums[-2].item(), mb.shape[0]
     if args.world_size == 1 or not args.global_adv_norm:
         mean, std = mb.mean(-1), mb.std(-1)
@@ -451,8 +421,7 @@ def params_digest(agent) -> str:
 
 
 def make_optimizer(agent, lr, capturable: bool):
-    """torch.optim.Adam owns the state (and its state_dict the checkpoint); `update` applies its functional form,
-    so the state is created here rather than lazily on a first optimizer.step()."""
+    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `update` never calls step()."""
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=capturable)
     for p in agent.parameters():
         step = torch.zeros((), device=p.device if capturable else "cpu")
@@ -479,8 +448,7 @@ def make_units(agent, agent_inference, args, dist_, device, compiled: bool):
             # on a CPU the policy step stays eager: compiled it is faster alone (29 vs 34 us) but slower in the
             # rollout, where it and the env evict each other from the caches (93 vs 83 us per env+policy step)
             u.policy = torch.compile(u.policy, options=opts)
-        u.evaluate = torch.compile(u.evaluate, options=opts)
-        u.get_value = torch.compile(u.get_value, options=opts)
+        u.evaluate, u.get_value = (torch.compile(f, options=opts) for f in (u.evaluate, u.get_value))
         u.gae = torch.compile(u.gae, fullgraph=True)
         u.update = torch.compile(u.update, options=opts)
     return u
@@ -493,7 +461,6 @@ def add_cudagraphs(u):
 
 class Episodes:
     """Episode statistics from the raw rewards: the returns logged are the real, unclipped ones."""
-
     def __init__(self, num_envs):
         self.ret, self.finished = np.zeros(num_envs), deque(maxlen=20)
 
@@ -513,9 +480,8 @@ class Episodes:
 
 def machine_info(device: torch.device) -> dict:
     cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
 
@@ -523,7 +489,6 @@ def machine_info(device: torch.device) -> dict:
 class StopFlag:
     """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
     one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
-
     def __init__(self):
         self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
@@ -540,36 +505,35 @@ class StopFlag:
 
 
 def save_checkpoint(path: str, payload: dict):
-    tmp = path + ".tmp"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)  # atomic: a crash mid-write never leaves a truncated agent.pt
+    torch.save(payload, path + ".tmp")
+    os.replace(path + ".tmp", path)  # atomic: a crash mid-write never leaves a truncated agent.pt
 
 
 def load_checkpoint(args: Args) -> dict:
     try:
         ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
-    except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
-        fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
+        saved, writer = ckpt["args"], ckpt.get("script", SCRIPT)  # checkpoints from before the key: this script's
+    except Exception as e:  # a missing, corrupt or foreign file is a user mistake, not a crash
+        fail(f"--resume {args.resume}: " + ("no such file" if isinstance(e, FileNotFoundError) else
+                                            f"not a checkpoint this script wrote ({type(e).__name__})"))
+    if writer != SCRIPT:
+        fail(f"--resume {args.resume} was written by {writer}.py; resume it with that script")
     for key in ("env_id", "num_envs", "num_steps"):
-        if ckpt["args"][key] != getattr(args, key):
-            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
+        if saved.get(key, getattr(args, key)) != getattr(args, key):
+            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {saved[key]}; pass the same")
     if ckpt["world_size"] != args.world_size:  # every rank resumes its own envs
         fail(f"--resume {args.resume} was trained with {ckpt['world_size']} ranks; launch {ckpt['world_size']}")
     return ckpt
 
 
 def main(args: Args):
-    check_args(args)
+    ckpt = check_args(args)
     dist_ = Dist(args)
     rank, lead = dist_.rank, dist_.rank == 0  # rank 0 leads: it logs, shows the bar and writes the checkpoint
-    args.world_size = dist_.world_size
     args.batch_size = args.num_envs * args.num_steps  # per rank; the global batch is world_size times this
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // (args.batch_size * args.world_size)
-    script = os.path.basename(__file__)[: -len(".py")]
-    log_dir = args.log_dir or f"runs/{args.env_id.replace('/', '-')}__{script}__{args.seed}__{int(time.time())}"
-    if lead:
-        os.makedirs(log_dir, exist_ok=True)
+    log_dir = args.log_dir  # resolved and created by check_args
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -600,10 +564,8 @@ def main(args: Args):
     episodes = Episodes(args.num_envs)
     global_step, start_iteration = 0, 1
     # reset(seed=s) seeds env i with s + i: rank r's envs continue the numbering, every env of the job its own seed
-    next_obs, _ = envs.reset(seed=args.seed + rank * args.num_envs)
-    next_done = np.zeros(args.num_envs, dtype=bool)
+    (next_obs, _), next_done = envs.reset(seed=args.seed + rank * args.num_envs), np.zeros(args.num_envs, dtype=bool)
     if args.resume:
-        ckpt = load_checkpoint(args)
         u.agent.load_state_dict(ckpt["agent"])
         u.optimizer.load_state_dict(ckpt["optimizer"])
         ckpt.update(ckpt["ranks"][rank])  # this rank's own envs, RNG and episodes
@@ -620,13 +582,12 @@ def main(args: Args):
             next_done=torch.from_numpy(next_done), episodes=episodes.state()))
         if lead:
             save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-                agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args), iteration=iteration,
-                global_step=global_step, world_size=args.world_size, ranks=ranks))
+                script=SCRIPT, agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args),
+                iteration=iteration, global_step=global_step, world_size=args.world_size, ranks=ranks))
 
     run = None
     if args.track and lead:
         import wandb
-
         run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
                          name=os.path.basename(log_dir), dir=log_dir, save_code=True)
     metrics = open(os.path.join(log_dir, "metrics.jsonl") if lead else os.devnull, "a", buffering=1)
@@ -646,12 +607,10 @@ def main(args: Args):
             dist_.t_sync = 0.0
             if args.anneal_lr:
                 u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
-
             next_obs, next_done, t_env, t_policy = rollout(envs, u.policy, next_obs, next_done, buf, episodes,
                                                            n_actions, rng)
             global_step += global_batch
             t_rollout = time.perf_counter() - t_iter
-
             t0 = time.perf_counter()
             last_obs, last_done = torch.from_numpy(next_obs).to(device), torch.from_numpy(next_done).to(device).float()
             logprobs, _, values = u.evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
@@ -660,15 +619,13 @@ def main(args: Args):
             advantages, returns = u.gae(u.get_value(last_obs), last_done, buf["rewards"], buf["dones"], buf["values"],
                                          args.gamma, args.gae_lambda)
             t_gae = time.perf_counter() - t0
-
             t0 = time.perf_counter()
             batch = [x.flatten(0, 1) for x in
                      (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])]
             # every epoch's minibatches drawn up front, so that one all-reduce carries all their advantage moments
             perms = torch.stack([torch.randperm(args.batch_size, device=device, generator=rng)
                                  for _ in range(args.update_epochs)]).view(-1, args.minibatch_size)
-            adv_mean, adv_std, mean_return, stop_all = sync_iteration(dist_, args, advantages, perms, episodes,
-                                                                      stop.set)
+            adv_mean, adv_std, mean_return, stop_all = sync_iteration(dist_, args, advantages, perms, episodes, stop.set)
             n = 0
             for epoch in range(args.update_epochs):
                 for _ in range(args.num_minibatches):
@@ -679,7 +636,6 @@ def main(args: Args):
                         and dist_.all_reduce(stats[n - 1, 0].clone()) / args.world_size > args.target_kl):
                     break
             t_update = time.perf_counter() - t0
-
             # steady-state fps: whole iterations after the burn-in
             now = time.perf_counter()
             iter_times.append(now - t_iter)
@@ -723,7 +679,7 @@ def main(args: Args):
         sys.exit(0)
 
     steady = iter_times[args.measure_burnin:]
-    summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
+    summary = dict(script=SCRIPT, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
                    wall_time=time.perf_counter() - start, fps=fps if measure_from else None, final_return=mean_return,
                    compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,

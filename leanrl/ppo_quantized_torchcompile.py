@@ -1,26 +1,20 @@
 """PPO on discrete classic control (CartPole-v1) that acts with an int8 copy of the policy.
 
 ppo_torchcompile.py plus one trick: the rollout acts with an int8 copy of the actor (torchao's
-Int8DynamicActivationInt8WeightConfig: int8 weights and activations, VNNI/AMX GEMMs on x86, int8 tensor cores on
-CUDA), rebuilt from the trained fp32 weights every `--quant-every` iterations (`--quant-async`: in a background
-thread). The update trains the fp32 agent; the stored log-probabilities are the copy's, so its ratio is a true
-importance ratio. `--hidden-dim` / `--hidden-depth` widen the MLP, where int8 can pay (doc/quantized.md).
+Int8DynamicActivationInt8WeightConfig: int8 weights and activations, VNNI/AMX GEMMs on x86, int8 tensor cores on CUDA),
+rebuilt from the trained fp32 weights every `--quant-every` iterations (`--quant-async`: in a background thread). The
+update trains the fp32 agent; the stored log-probabilities are the copy's, so its ratio is a true importance ratio.
+`--hidden-dim` / `--hidden-depth` widen the MLP, where int8 can pay (doc/quantized.md). The base script's notes follow.
 
-The base script's notes follow.
-
-The algorithm, network and defaults of ppo.py (CleanRL's), cut LeanRL-style into units that torch.compile and
-CUDA graphs can wrap: `policy` (one rollout step), `gae`, and `update` (one minibatch, optimizer step inside).
-On a CPU a 64-unit MLP costs less than the machinery around it, so the tricks here remove machinery:
-
-- a rollout step only samples: argmax(logits + Gumbel noise) is exact Categorical sampling, without a
-  Distribution object; the rollout's log-probabilities and values come from one batched forward afterwards;
-- the rollout policy is an inference copy of the agent sharing its storage, without autograd;
-- the env's outputs are staged in numpy and reach the buffers in one copy per iteration;
-- `update` takes its gradients with torch.func.grad and applies torch.optim's own functional Adam, so that
-  torch.compile turns forward, backward, clipping and the Adam step into one graph: one entry per minibatch
-  instead of four (forward, autograd backward, clip, optimizer.step, which forces a graph break);
-- lr is a tensor changed in place (no recompilation), and once everything has compiled the guards are skipped.
-doc/classic_control.md has the measurements behind each of these.
+The algorithm, network and defaults of ppo.py (CleanRL's), cut LeanRL-style into units that torch.compile and CUDA
+graphs can wrap: `policy` (one rollout step), `gae`, `update` (one minibatch, optimizer step inside). On a CPU a
+64-unit MLP costs less than the machinery around it, so the tricks remove machinery: a rollout step only samples
+(argmax(logits + Gumbel noise) is exact Categorical sampling, without a Distribution object; log-probabilities and
+values come from one batched forward afterwards), with an inference copy of the agent (shared storage, no autograd);
+the env's outputs are staged in numpy and reach the buffers in one copy per iteration; `update` takes torch.func.grad
+and applies torch.optim's functional Adam, so that compiled, forward, backward, clipping and the Adam step are one graph
+(one entry per minibatch instead of four: optimizer.step forces a graph break); lr is a tensor changed in place (no
+recompilation); once all has compiled the guards are skipped. doc/classic_control.md has the measurements of each.
 
     python leanrl/ppo_quantized_torchcompile.py --compile                                      # CPU or GPU
     python leanrl/ppo_quantized_torchcompile.py --compile --hidden-dim 512 --hidden-depth 4 --quant-async
@@ -29,13 +23,16 @@ doc/classic_control.md has the measurements behind each of these.
 import contextlib
 import copy
 import functools
+import importlib.util
 import io
 import json
 import logging
+import math
 import os
 import platform
 import signal
 import sys
+import tempfile
 import time
 import timeit
 from collections import deque
@@ -59,10 +56,12 @@ logging.getLogger("torchao").setLevel(logging.ERROR)
 logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 
+SCRIPT = os.path.basename(__file__)[: -len(".py")]
+
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    exp_name: str = SCRIPT
     """the name of this experiment"""
     seed: int = 1
     """seed of the experiment"""
@@ -145,9 +144,8 @@ def fail(message: str):
 
 
 def parse_args() -> Args:
-    err = io.StringIO()
     try:
-        with contextlib.redirect_stderr(err):
+        with contextlib.redirect_stderr(err := io.StringIO()):
             return tyro.cli(Args)
     except SystemExit as e:
         if e.code:  # tyro draws a multi-line box: fold it into the one line a user mistake gets
@@ -161,60 +159,70 @@ def check_env_id(env_id: str):
     if spec is not None and "classic_control" in str(spec.entry_point):
         if isinstance(gym.make(env_id).action_space, gym.spaces.Discrete):
             return
-        fail(f"{env_id} has continuous actions; this script is for discrete classic control (e.g. CartPole-v1)")
+        fail(f"--env-id {env_id} has continuous actions; this script is for discrete classic control (e.g. CartPole-v1)")
     import envpool.registration  # knows the Atari and MuJoCo ids, to point at the right script
-
     family = envpool.registration.registry.specs.get(env_id, ("",))[0]
     if "atari" in family:
-        fail(f"{env_id} is an Atari game; use leanrl/ppo_atari_envpool.py")
+        fail(f"--env-id {env_id} is an Atari game; use leanrl/ppo_atari_envpool.py")
     if spec is not None and "mujoco" in str(spec.entry_point) or "mujoco" in family:
-        fail(f"{env_id} is a MuJoCo task; this script is for discrete classic control (e.g. CartPole-v1)")
+        fail(f"--env-id {env_id} is a MuJoCo task; this script is for discrete classic control (e.g. CartPole-v1)")
     known = [k for k, s in gym.registry.items() if "classic_control" in str(s.entry_point)]
-    fail(f"unknown env id {env_id!r}; discrete classic-control ids: {', '.join(sorted(known))}")
+    fail(f"--env-id {env_id}: unknown env id; discrete classic-control ids: {', '.join(sorted(known))}")
 
 
-def check_args(args: Args):
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "hidden_dim",
-                 "hidden_depth", "quant_every"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.learning_rate <= 0:
-        fail(f"--learning-rate must be positive, got {args.learning_rate}")
+def check_args(args: Args) -> Optional[dict]:
+    """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    def need(ok: bool, name: str, what: str):
+        if not ok:
+            fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
+        need(getattr(args, name) > 0, name, "positive")
+    for name in ("learning_rate", "clip_coef", "max_grad_norm"):
+        need(0 < getattr(args, name) < math.inf, name, "positive and finite")
+    for name in ("ent_coef", "vf_coef"):
+        need(0 <= getattr(args, name) < math.inf, name, "non-negative and finite")
+    for name in ("gamma", "gae_lambda"):
+        need(0 < getattr(args, name) <= 1, name, "in (0, 1]")
+    need(0 <= args.seed < 2**32, "seed", "in [0, 2**32)")
+    need(args.measure_burnin >= 0, "measure_burnin", "non-negative")
+    need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
+    for name in ("hidden_dim", "hidden_depth", "quant_every"):
+        need(getattr(args, name) > 0, name, "positive")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
              f"(num_envs x num_steps); pick a divisor of {batch_size}")
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
-    if args.resume and not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
-    if args.num_threads <= 0:
-        fail(f"--num-threads must be positive, got {args.num_threads}")
     check_env_id(args.env_id)
-    if args.capture_video:
-        try:
-            import moviepy  # noqa: F401
-            import pygame  # noqa: F401
-        except ImportError:
-            fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
+    if args.capture_video and not all(importlib.util.find_spec(m) for m in ("moviepy", "pygame")):
+        fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
+    ckpt = load_checkpoint(args) if args.resume else None
+    check_log_dir(args)
+    return ckpt
 
 
-def make_env(env_id, idx, capture_video, video_dir):
-    def thunk():
-        if capture_video and idx == 0:
-            return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_dir)
-        return gym.make(env_id)
-
-    return thunk
+def check_log_dir(args: Args):
+    """Last, so that a bad flag never leaves a folder behind: the log dir (default resolved into args) is writable."""
+    args.log_dir = args.log_dir or f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
+    try:
+        os.makedirs(args.log_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.log_dir).close()
+    except OSError as e:
+        fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
 
 
 def make_envs(args: Args, video_dir: str):
     # Gymnasium's SyncVectorEnv steps 4 CartPoles at ~120k steps/s here, envpool at ~55k (its per-call overhead
     # dominates at this size). SAME_STEP autoreset is CleanRL's: the observation after a done is the reset one.
     # copy=False hands back the env's own obs array (rollout copies it before the next step) instead of a deepcopy.
-    return gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, args.capture_video, video_dir) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
+    def make(idx):
+        if args.capture_video and idx == 0:
+            return gym.wrappers.RecordVideo(gym.make(args.env_id, render_mode="rgb_array"), video_dir)
+        return gym.make(args.env_id)
+
+    return gym.vector.SyncVectorEnv([functools.partial(make, i) for i in range(args.num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
 
 
 def env_parts(env):
@@ -226,20 +234,14 @@ def env_parts(env):
 
 def env_state(envs) -> list:
     """Everything that moves in a classic-control vector env: a checkpoint holding it resumes bit for bit."""
-    out = []
-    for env in envs.envs:
-        u, limit = env_parts(env)
-        out.append(dict(state=torch.as_tensor(np.array(u.state, dtype=np.float64)), rng=u.np_random.bit_generator.state,
-                        elapsed=limit._elapsed_steps, beyond=getattr(u, "steps_beyond_terminated", None)))
-    return out
+    return [dict(state=torch.as_tensor(np.array(u.state, dtype=np.float64)), rng=u.np_random.bit_generator.state,
+                 elapsed=limit._elapsed_steps, beyond=getattr(u, "steps_beyond_terminated", None))
+            for u, limit in map(env_parts, envs.envs)]
 
 
 def set_env_state(envs, states: list):
-    for env, s in zip(envs.envs, states):
-        u, limit = env_parts(env)
-        u.state = s["state"].numpy()
-        u.np_random.bit_generator.state = s["rng"]
-        limit._elapsed_steps = s["elapsed"]
+    for (u, limit), s in zip(map(env_parts, envs.envs), states):
+        u.state, u.np_random.bit_generator.state, limit._elapsed_steps = s["state"].numpy(), s["rng"], s["elapsed"]
         if hasattr(u, "steps_beyond_terminated"):
             u.steps_beyond_terminated = s["beyond"]
 
@@ -273,10 +275,10 @@ class Agent(nn.Module):
 
 
 def quantize_actor(actor: nn.Sequential, sample_obs) -> nn.Sequential:
-    """The rollout policy: `actor` (a fresh copy of the trained one) with every Linear an int8 GEMM, weights per
-    output channel, activations per row at run time (a row's result does not depend on its batch: the batched
-    behaviour log-probs equal the per-step ones). Eager, torchao's tensor subclass is ~25x slower than fp32 (one
-    Python dispatch per op): --compile makes it pay. Returned after a warm-up forward, ready to act."""
+    """The rollout policy: `actor` (a fresh copy of the trained one) with every Linear an int8 GEMM, weights per output
+    channel, activations per row at run time (a row's result does not depend on its batch: the batched behaviour
+    log-probs equal the per-step ones). Eager, torchao's tensor subclass is ~25x slower than fp32 (one Python dispatch
+    per op): --compile makes it pay. Returned after a warm-up forward, ready to act."""
     quantize_(actor.requires_grad_(False), Int8DynamicActivationInt8WeightConfig())
     actor(sample_obs)
     return actor
@@ -328,8 +330,7 @@ class Requantizer:
 
 def policy_bytes(module: nn.Module) -> int:
     """The size of the policy's serialized state (torch.save), as it would be shipped to an actor process."""
-    out = io.BytesIO()
-    torch.save(module.state_dict(), out)
+    torch.save(module.state_dict(), out := io.BytesIO())
     return out.getbuffer().nbytes
 
 
@@ -339,15 +340,13 @@ def forward_latency(policy, x, gumbel, reps: int = 200) -> float:
 
 
 def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int, rng: torch.Generator):
-    """num_steps steps of every env into `buf`; returns the last obs/done (numpy) and the time split.
-    The env's outputs are staged in numpy and the actions in a list, and each reaches `buf` in one copy per
-    iteration: per step that is a few numpy writes instead of several tensor ops."""
+    """num_steps steps of every env into `buf`; returns the last obs/done (numpy) and the time split. The env's outputs
+    (in numpy) and the actions (in a list) reach `buf` in one copy per iteration, not several tensor ops per step."""
     num_steps, device = buf["obs"].shape[0], buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
     dones, rewards = np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
     gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()  # one draw per rollout
-    actions = []
-    t_env = t_policy = 0.0
+    actions, t_env, t_policy = [], 0.0, 0.0
     for step in range(num_steps):
         obs[step], dones[step] = next_obs, next_done
         t0 = time.perf_counter()
@@ -355,10 +354,8 @@ def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int, rn
         actions.append(action)
         t1 = time.perf_counter()
         next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
-        t_env += time.perf_counter() - t1
-        t_policy += t1 - t0
-        next_done = terminations | truncations
-        rewards[step] = reward
+        t_env, t_policy = t_env + time.perf_counter() - t1, t_policy + t1 - t0
+        next_done, rewards[step] = terminations | truncations, reward
         episodes.record(reward, next_done)
     for key, x in (("obs", obs), ("dones", dones), ("rewards", rewards)):
         buf[key].copy_(torch.from_numpy(x), non_blocking=True)
@@ -368,8 +365,7 @@ def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int, rn
 
 def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda: float):
     """Generalized advantage estimation, CleanRL's recursion; compiled it fuses into one loop."""
-    advantages = torch.empty_like(rewards)
-    lastgaelam = torch.zeros_like(next_value)
+    advantages, lastgaelam = torch.empty_like(rewards), torch.zeros_like(next_value)
     nextnonterminal, nextvalues = 1.0 - next_done, next_value
     for t in range(rewards.shape[0] - 1, -1, -1):
         delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
@@ -409,8 +405,7 @@ def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, retur
     for p, name in zip(plist, params):
         p.grad = grads[name]
     grad_norm = nn.utils.clip_grad_norm_(plist, args.max_grad_norm, foreach=False)  # per-tensor norms fuse; foreach does not
-    state = [optimizer.state[p] for p in plist]
-    group = optimizer.param_groups[0]
+    state, group = [optimizer.state[p] for p in plist], optimizer.param_groups[0]
     with torch.no_grad():
         adam(plist, [p.grad for p in plist], [s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state], [],
              [s["step"] for s in state], foreach=False, capturable=group["capturable"], amsgrad=False,
@@ -419,8 +414,7 @@ def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, retur
 
 
 def make_optimizer(agent, lr, capturable: bool):
-    """torch.optim.Adam owns the state (and its state_dict the checkpoint); `update` applies its functional form,
-    so the state is created here rather than lazily on a first optimizer.step()."""
+    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `update` never calls step()."""
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=capturable)
     for p in agent.parameters():
         step = torch.zeros((), device=p.device if capturable else "cpu")
@@ -465,7 +459,6 @@ def add_cudagraphs(u):
 
 class Episodes:
     """Episode statistics from the raw rewards: the returns logged are the real, unclipped ones."""
-
     def __init__(self, num_envs):
         self.ret, self.finished = np.zeros(num_envs), deque(maxlen=20)
 
@@ -488,9 +481,8 @@ class Episodes:
 
 def machine_info(device: torch.device) -> dict:
     cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
 
@@ -498,7 +490,6 @@ def machine_info(device: torch.device) -> dict:
 class StopFlag:
     """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
     one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
-
     def __init__(self):
         self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
@@ -515,30 +506,30 @@ class StopFlag:
 
 
 def save_checkpoint(path: str, payload: dict):
-    tmp = path + ".tmp"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)  # atomic: a crash mid-write never leaves a truncated agent.pt
+    torch.save(payload, path + ".tmp")
+    os.replace(path + ".tmp", path)  # atomic: a crash mid-write never leaves a truncated agent.pt
 
 
 def load_checkpoint(args: Args) -> dict:
     try:
         ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
-    except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
-        fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
+        saved, writer = ckpt["args"], ckpt.get("script", SCRIPT)  # checkpoints from before the key: this script's
+    except Exception as e:  # a missing, corrupt or foreign file is a user mistake, not a crash
+        fail(f"--resume {args.resume}: " + ("no such file" if isinstance(e, FileNotFoundError) else
+                                            f"not a checkpoint this script wrote ({type(e).__name__})"))
+    if writer != SCRIPT:
+        fail(f"--resume {args.resume} was written by {writer}.py; resume it with that script")
     for key in ("env_id", "num_envs", "num_steps"):
-        if ckpt["args"][key] != getattr(args, key):
-            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
+        if saved.get(key, getattr(args, key)) != getattr(args, key):
+            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {saved[key]}; pass the same")
     return ckpt
 
 
 def main(args: Args):
-    check_args(args)
+    ckpt = check_args(args)
     args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // args.batch_size
-    script = os.path.basename(__file__)[: -len(".py")]
-    log_dir = args.log_dir or f"runs/{args.env_id.replace('/', '-')}__{script}__{args.seed}__{int(time.time())}"
-    os.makedirs(log_dir, exist_ok=True)
+    args.minibatch_size, args.num_iterations = args.batch_size // args.num_minibatches, args.total_timesteps // args.batch_size
+    log_dir = args.log_dir  # resolved and created by check_args
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -563,10 +554,8 @@ def main(args: Args):
     stats = torch.zeros(args.update_epochs * args.num_minibatches, 6, device=device)
     episodes = Episodes(args.num_envs)
     global_step, start_iteration = 0, 1
-    next_obs, _ = envs.reset(seed=args.seed)
-    next_done = np.zeros(args.num_envs, dtype=bool)
+    (next_obs, _), next_done = envs.reset(seed=args.seed), np.zeros(args.num_envs, dtype=bool)
     if args.resume:
-        ckpt = load_checkpoint(args)
         u.agent.load_state_dict(ckpt["agent"])
         u.optimizer.load_state_dict(ckpt["optimizer"])
         rng.set_state(ckpt["rng"])
@@ -577,14 +566,13 @@ def main(args: Args):
 
     def checkpoint(iteration):
         save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args), iteration=iteration,
-            global_step=global_step, rng=rng.get_state(), env=env_state(envs),
+            script=SCRIPT, agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args),
+            iteration=iteration, global_step=global_step, rng=rng.get_state(), env=env_state(envs),
             next_obs=torch.from_numpy(next_obs), next_done=torch.from_numpy(next_done), episodes=episodes.state()))
 
     run = None
     if args.track:
         import wandb
-
         run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
                          name=os.path.basename(log_dir), dir=log_dir, save_code=True)
     requant = Requantizer(u.agent.actor, torch.from_numpy(next_obs).to(device), args.quant_every, args.quant_async)
@@ -601,14 +589,12 @@ def main(args: Args):
             t_iter = time.perf_counter()
             if args.anneal_lr:
                 u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
-
             t_swap = requant.refresh(iteration - start_iteration)
             qactor = requant.current  # the policy that acts in this rollout, and whose log-probs are stored
             next_obs, next_done, t_env, t_policy = rollout(envs, functools.partial(u.policy, qactor), next_obs,
                                                            next_done, buf, episodes, n_actions, rng)
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
-
             t0 = time.perf_counter()
             last_obs, last_done = torch.from_numpy(next_obs).to(device), torch.from_numpy(next_done).to(device).float()
             # the behaviour policy's log-probs in one batched call (the update's ratio is pi_fp32 / pi_int8); values
@@ -618,11 +604,9 @@ def main(args: Args):
             advantages, returns = u.gae(u.get_value(last_obs), last_done, buf["rewards"], buf["dones"], buf["values"],
                                          args.gamma, args.gae_lambda)
             t_gae = time.perf_counter() - t0
-
             t0 = time.perf_counter()
-            batch = [x.flatten(0, 1) for x in
-                     (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])]
-            n = 0
+            n, batch = 0, [x.flatten(0, 1) for x in
+                           (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])]
             for epoch in range(args.update_epochs):
                 perm = torch.randperm(args.batch_size, device=device, generator=rng).view(args.num_minibatches, -1)
                 for inds in perm:
@@ -631,7 +615,6 @@ def main(args: Args):
                 if args.target_kl is not None and stats[n - 1, 0] > args.target_kl:  # a host sync, only when asked
                     break
             t_update = time.perf_counter() - t0
-
             # steady-state fps: whole iterations after the burn-in
             now = time.perf_counter()
             iter_times.append(now - t_iter)
@@ -678,9 +661,8 @@ def main(args: Args):
                               "int8 activations per row)", quant_every=args.quant_every, quant_async=args.quant_async,
                  policy_bytes_fp32=policy_bytes(u.agent.actor), policy_bytes_quant=policy_bytes(requant.current),
                  policy_latency_fp32_us=latency_fp32 * 1e6, policy_latency_quant_us=latency_quant * 1e6)
-
     steady = iter_times[args.measure_burnin:]
-    summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
+    summary = dict(script=SCRIPT, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
                    wall_time=time.perf_counter() - start, fps=fps if measure_from else None, final_return=episodes.mean(),
                    compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
