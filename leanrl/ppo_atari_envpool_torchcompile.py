@@ -246,9 +246,8 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
     def trunk(self, x):
-        # bf16 autocast covers the convolutions and the 3136x512 layer, where the time goes (AMX/AVX512-BF16 run
-        # them ~2x faster than fp32); the heads and everything downstream see fp32. Each weight is cast once per
-        # call, so autocast's cast cache buys nothing, and CUDA graph capture requires it off.
+        # bf16 autocast covers the convolutions and the 3136x512 layer, where the time goes (~2x fp32 on AMX/AVX512);
+        # heads and downstream see fp32. No cast cache: each weight is cast once a call; CUDA graph capture needs it off.
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=False):
             hidden = self.network(x.float() / 255.0)
         return hidden.float()
@@ -269,9 +268,8 @@ class Agent(nn.Module):
 
 
 def inference_copy(agent: Agent) -> Agent:
-    """The rollout's copy of the agent: the same storage, detached, so acting builds no autograd graph and needs no
-    no_grad. preserve_module_state=False: since tensordict 0.14 the default keeps the target's own Parameters
-    (requires_grad=True) and only swaps their data."""
+    """The rollout's copy of the agent: the same storage, detached, so acting builds no autograd graph (no no_grad).
+    preserve_module_state=False: since tensordict 0.14 the default keeps the target's Parameters, swapping only data."""
     copy = Agent(agent.actor.out_features, agent.bf16).to(next(agent.parameters()).device)
     from_module(agent).data.to_module(copy, preserve_module_state=False)
     return copy
@@ -283,8 +281,8 @@ def policy(agent: Agent, obs, gumbel):
 
 
 def rollout(envs, policy, next_obs, next_done, buf: TensorDict, stats: EpisodeStats, gumbel):
-    """num_steps of every env into the preallocated buffer, acting with the rollout's Gumbel noise `gumbel`
-    [steps, envs, actions]; returns the last observation and the time split."""
+    """num_steps of every env into `buf`, acting with Gumbel noise `gumbel` [steps, envs, actions]; returns the last
+    observation and the time split."""
     t_env = t_policy = 0.0
     device = next_obs.device
     for step in range(buf.shape[0]):
