@@ -27,10 +27,12 @@ import datetime
 import hashlib
 import io
 import json
+import math
 import os
 import platform
 import signal
 import sys
+import tempfile
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -150,18 +152,33 @@ def check_env_id(env_id: str):
     if "atari" in family:
         return
     if "classic_control" in family:
-        fail(f"{env_id} is a classic-control task; use leanrl/ppo_torchcompile.py")
+        fail(f"--env-id {env_id} is a classic-control task; use leanrl/ppo_torchcompile.py")
     if "mujoco" in family:
-        fail(f"{env_id} is a MuJoCo task; this script takes Atari games (continuous control is not in leanrl yet)")
-    fail(f"unknown env id {env_id!r}; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
+        fail(f"--env-id {env_id} is a MuJoCo task; this script takes Atari games (continuous control is not in leanrl "
+             "yet)")
+    fail(f"--env-id {env_id}: unknown env id; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
 
 
-def check_args(args: Args):
+def check_args(args: Args) -> Optional[dict]:
+    """Every flag against its meaning, before any work: a user mistake ends the run here with one line. Returns the
+    checkpoint to resume from, if any."""
+    def need(ok: bool, name: str, what: str):
+        if not ok:
+            fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
+
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.learning_rate <= 0:
-        fail(f"--learning-rate must be positive, got {args.learning_rate}")
+        need(getattr(args, name) > 0, name, "positive")
+    for name in ("learning_rate", "clip_coef", "max_grad_norm"):
+        need(0 < getattr(args, name) < math.inf, name, "positive and finite")
+    for name in ("ent_coef", "vf_coef"):
+        need(0 <= getattr(args, name) < math.inf, name, "non-negative and finite")
+    for name in ("gamma", "gae_lambda"):
+        need(0 < getattr(args, name) <= 1, name, "in (0, 1]")
+    need(0 <= args.seed < 2**32, "seed", "in [0, 2**32)")
+    need(args.measure_burnin >= 0, "measure_burnin", "non-negative")
+    need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
+    need(args.num_threads is None or args.num_threads > 0, "num_threads", "positive")
+    need(0 < args.dist_timeout < math.inf, "dist_timeout", "positive and finite")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
@@ -169,17 +186,25 @@ def check_args(args: Args):
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
     if args.total_timesteps < batch_size * world_size:
         fail(f"--total-timesteps {args.total_timesteps} is below one batch ({batch_size} steps x {world_size} ranks)")
-    if args.resume and not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
-    if args.num_threads is not None and args.num_threads <= 0:
-        fail(f"--num-threads must be positive, got {args.num_threads}")
-    if args.dist_timeout <= 0:
-        fail(f"--dist-timeout must be positive, got {args.dist_timeout}")
     if args.capture_video:
         fail("--capture-video is not supported: envpool renders no frames")
     if args.target_kl is not None and args.cudagraphs:
         fail("--target-kl reads the KL on the host after every epoch, which CUDA graphs exist to avoid; drop one")
     check_env_id(args.env_id)
+    ckpt = load_checkpoint(args) if args.resume else None
+    check_log_dir(args)
+    return ckpt
+
+
+def check_log_dir(args: Args):
+    """The last check (a bad flag never creates a folder): the default log dir resolved, created and written to."""
+    script = os.path.basename(__file__)[: -len(".py")]
+    args.log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
+    try:
+        os.makedirs(args.log_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.log_dir).close()
+    except OSError as e:
+        fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
 
 
 class Dist:
@@ -291,9 +316,8 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
     def trunk(self, x):
-        # bf16 autocast covers the convolutions and the 3136x512 layer, where the time goes (AMX/AVX512-BF16 run
-        # them ~2x faster than fp32); the heads and everything downstream see fp32. Each weight is cast once per
-        # call, so autocast's cast cache buys nothing, and CUDA graph capture requires it off.
+        # bf16 autocast covers the convolutions and the 3136x512 layer, where the time goes (~2x fp32 on AMX/AVX512);
+        # heads and downstream see fp32. No cast cache: each weight is cast once a call; CUDA graph capture needs it off.
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=False):
             hidden = self.network(x.float() / 255.0)
         return hidden.float()
@@ -314,9 +338,8 @@ class Agent(nn.Module):
 
 
 def inference_copy(agent: Agent) -> Agent:
-    """The rollout's copy of the agent: the same storage, detached, so acting builds no autograd graph and needs no
-    no_grad. preserve_module_state=False: since tensordict 0.14 the default keeps the target's own Parameters
-    (requires_grad=True) and only swaps their data."""
+    """The rollout's copy of the agent: the same storage, detached, so acting builds no autograd graph (no no_grad).
+    preserve_module_state=False: since tensordict 0.14 the default keeps the target's Parameters, swapping only data."""
     copy = Agent(agent.actor.out_features, agent.bf16).to(next(agent.parameters()).device)
     from_module(agent).data.to_module(copy, preserve_module_state=False)
     return copy
@@ -328,8 +351,8 @@ def policy(agent: Agent, obs, gumbel):
 
 
 def rollout(envs, policy, next_obs, next_done, buf: TensorDict, stats: EpisodeStats, gumbel):
-    """num_steps of every env into the preallocated buffer, acting with the rollout's Gumbel noise `gumbel`
-    [steps, envs, actions]; returns the last observation and the time split."""
+    """num_steps of every env into `buf`, acting with Gumbel noise `gumbel` [steps, envs, actions]; returns the last
+    observation and the time split."""
     t_env = t_policy = 0.0
     device = next_obs.device
     for step in range(buf.shape[0]):
@@ -496,30 +519,34 @@ def save_checkpoint(path: str, payload: dict):
 def load_checkpoint(args: Args) -> dict:
     """Agent, optimizer, RNGs, iteration and step count. envpool cannot snapshot the emulators, so a resumed run
     restarts its games (with a fresh seed) and loses the games that were in flight."""
+    if not os.path.isfile(args.resume):
+        fail(f"--resume {args.resume}: no such file")
     try:
         ckpt = torch.load(args.resume, weights_only=True)
+        assert isinstance(ckpt, dict) and "args" in ckpt
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
+    script = os.path.basename(__file__)[: -len(".py")]
+    if ckpt.get("script", script) != script:  # checkpoints from before the key go on to the args checks
+        fail(f"--resume {args.resume} was written by {ckpt['script']}.py; resume it with that script")
     for key in ("env_id", "num_envs", "num_steps"):
-        if ckpt["args"][key] != getattr(args, key):
+        if ckpt["args"].get(key) != getattr(args, key):
             fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
-    if ckpt["world_size"] != args.world_size:  # every rank resumes its own RNG and statistics
-        fail(f"--resume {args.resume} was trained with {ckpt['world_size']} ranks; launch {ckpt['world_size']}")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if ckpt.get("world_size") != world_size:  # every rank resumes its own RNG and statistics
+        fail(f"--resume {args.resume} was trained with {ckpt.get('world_size')} ranks; launch {ckpt.get('world_size')}")
     return ckpt
 
 
 def main(args: Args):
-    check_args(args)
+    ckpt = check_args(args)
     dist_ = Dist(args)
     rank, lead = dist_.rank, dist_.rank == 0  # rank 0 leads: it logs, shows the bar and writes the checkpoint
     args.world_size = dist_.world_size
     args.batch_size = args.num_envs * args.num_steps  # per rank; the global batch is world_size times this
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // (args.batch_size * args.world_size)
-    script = os.path.basename(__file__)[: -len(".py")]
-    log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
-    if lead:
-        os.makedirs(log_dir, exist_ok=True)
+    script, log_dir = os.path.basename(__file__)[: -len(".py")], args.log_dir
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -537,7 +564,6 @@ def main(args: Args):
              "graph, gloo's cannot); launch at most one rank per GPU or drop --cudagraphs")
     use_bf16 = args.bf16 and bf16_supported(device)
 
-    ckpt = load_checkpoint(args) if args.resume else None
     # envpool seeds env i with seed + i: rank r's envs continue the numbering, every env of the job its own seed
     envs = make_envs(args, seed=args.seed + rank * args.num_envs + (ckpt["global_step"] if ckpt else 0))
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
@@ -575,8 +601,8 @@ def main(args: Args):
             lengths=torch.tensor(list(stats.lengths), dtype=torch.float64)))
         if lead:
             save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-                agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args), iteration=iteration,
-                global_step=global_step, world_size=args.world_size, ranks=ranks))
+                script=script, agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args),
+                iteration=iteration, global_step=global_step, world_size=args.world_size, ranks=ranks))
 
     run = None
     if args.track and lead:
