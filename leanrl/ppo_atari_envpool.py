@@ -125,8 +125,7 @@ def check_env_id(env_id: str):
     if "classic_control" in family:
         fail(f"--env-id {env_id} is a classic-control task; use leanrl/ppo.py")
     if "mujoco" in family:
-        fail(f"--env-id {env_id} is a MuJoCo task; this script takes Atari games (continuous control is not in leanrl "
-             "yet)")
+        fail(f"--env-id {env_id} is a MuJoCo task; this script takes Atari games (no continuous control in leanrl yet)")
     fail(f"--env-id {env_id}: unknown env id; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
 
 
@@ -136,7 +135,6 @@ def check_args(args: Args) -> Optional[dict]:
     def need(ok: bool, name: str, what: str):
         if not ok:
             fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
-
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
         need(getattr(args, name) > 0, name, "positive")
     for name in ("learning_rate", "clip_coef", "max_grad_norm"):

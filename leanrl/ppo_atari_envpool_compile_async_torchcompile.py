@@ -1,13 +1,11 @@
 """PPO on Atari through envpool (Breakout-v5), restructured to run as fast as the hardware allows.
 
-The algorithm, network and defaults of `ppo_atari_envpool.py`, with the work split into plain functions that the
-compilers can take whole: `policy` (one forward for all envs), `gae`, and `update` (one minibatch: forward,
-backward, gradient clipping and the Adam step). `--compile` wraps them in torch.compile, `--cudagraphs` (CUDA only)
-in tensordict's CudaGraphModule. Observations are stored as uint8. `--bf16` runs the CNN trunk under bf16
-autocast where the hardware has native bfloat16 (AVX512-BF16/AMX CPUs): the update's cost halves, the losses,
-log-prob ratios and value targets stay fp32; it is opt-in because on Breakout it learned slower (doc/atari.md).
-The policy samples by Gumbel-max from noise the loop draws with its own generator, so the compiled and graphed
-policy holds no random op.
+The algorithm, network and defaults of `ppo_atari_envpool.py`, split into plain functions the compilers take whole:
+`policy` (one forward for all envs), `gae`, `update` (one minibatch: forward, backward, clipping, Adam step), wrapped
+by `--compile` in torch.compile, by `--cudagraphs` (CUDA only) in tensordict's CudaGraphModule. Observations are stored
+as uint8. `--bf16` runs the CNN trunk under bf16 autocast where the hardware has native bfloat16 (AVX512-BF16/AMX
+CPUs): the update's cost halves, losses, ratios and value targets stay fp32; opt-in, as Breakout learned slower
+(doc/atari.md). Gumbel-max sampling from noise the loop draws with its own generator: the policy holds no random op.
 
 This script is ppo_atari_envpool_torchcompile.py plus one trick, `--compile-async`: training starts at once,
 eagerly, while the units compile off the critical path (a subprocess fills Inductor's on-disk cache, then a thread
@@ -156,8 +154,7 @@ def check_env_id(env_id: str):
     if "classic_control" in family:
         fail(f"--env-id {env_id} is a classic-control task; use leanrl/ppo_torchcompile.py")
     if "mujoco" in family:
-        fail(f"--env-id {env_id} is a MuJoCo task; this script takes Atari games (continuous control is not in leanrl "
-             "yet)")
+        fail(f"--env-id {env_id} is a MuJoCo task; this script takes Atari games (no continuous control in leanrl yet)")
     fail(f"--env-id {env_id}: unknown env id; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
 
 
@@ -167,7 +164,6 @@ def check_args(args: Args) -> Optional[dict]:
     def need(ok: bool, name: str, what: str):
         if not ok:
             fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
-
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
         need(getattr(args, name) > 0, name, "positive")
     for name in ("learning_rate", "clip_coef", "max_grad_norm"):
@@ -303,8 +299,7 @@ def policy(agent: Agent, obs, gumbel):
 
 
 def rollout(envs, policy, next_obs, next_done, buf: TensorDict, stats: EpisodeStats, gumbel):
-    """num_steps of every env into `buf`, acting with Gumbel noise `gumbel` [steps, envs, actions]; returns the last
-    observation and the time split."""
+    """num_steps of every env into `buf`, acting on the noise `gumbel` [steps, envs, actions]; returns the time split."""
     t_env = t_policy = 0.0
     device = next_obs.device
     for step in range(buf.shape[0]):

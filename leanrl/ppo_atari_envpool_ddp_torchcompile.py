@@ -1,22 +1,10 @@
 """ppo_atari_envpool_torchcompile.py made synchronous data-parallel (DD-PPO style) on torch.distributed (torchrun).
 
 Every rank runs its own envpool with its own seed and starts from rank 0's parameters; every minibatch the ranks
-average their gradients (one all-reduce of one flat buffer, between backward and the Adam step), so all apply the same
-update. Advantages are normalized with each minibatch's moments over all ranks (`--global-adv-norm`); these, the
-episode returns and the stop flag travel in one small all-reduce per iteration. Rank 0 logs. gloo on CPU, nccl on
-CUDA; doc/distributed.md has the launch commands and the scaling.
-What follows is ppo_atari_envpool_torchcompile.py's own description, all of which holds per rank.
-
-PPO on Atari through envpool (Breakout-v5), restructured to run as fast as the hardware allows.
-
-The algorithm, network and defaults of `ppo_atari_envpool.py`, with the work split into plain functions that the
-compilers can take whole: `policy` (one forward for all envs), `gae`, and `update` (one minibatch: forward,
-backward, gradient clipping and the Adam step). `--compile` wraps them in torch.compile, `--cudagraphs` (CUDA only)
-in tensordict's CudaGraphModule. Observations are stored as uint8. `--bf16` runs the CNN trunk under bf16
-autocast where the hardware has native bfloat16 (AVX512-BF16/AMX CPUs): the update's cost halves, the losses,
-log-prob ratios and value targets stay fp32; it is opt-in because on Breakout it learned slower (doc/atari.md).
-The policy samples by Gumbel-max from noise the loop draws with its own generator, so the compiled and graphed
-policy holds no random op.
+average their gradients (one all-reduce of one flat buffer, before the Adam step), so all apply the same update.
+Advantages are normalized with each minibatch's moments over all ranks (`--global-adv-norm`); these, the episode
+returns and the stop flag travel in one small all-reduce per iteration. Rank 0 logs. gloo on CPU, nccl on CUDA; launch
+commands and scaling: doc/distributed.md. The base script's docstring holds per rank.
 
     python leanrl/ppo_atari_envpool_ddp_torchcompile.py --compile                       # one process, no launcher
     torchrun --nproc-per-node 2 leanrl/ppo_atari_envpool_ddp_torchcompile.py --compile  # 2 ranks on this machine
@@ -93,8 +81,7 @@ class Args:
     norm_adv: bool = True
     """Toggles advantages normalization"""
     global_adv_norm: bool = True
-    """normalize each minibatch's advantages with the mean and std of that minibatch over all ranks (what one
-    process with all the envs would do); --no-global-adv-norm uses each rank's own minibatch"""
+    """normalize each minibatch's advantages with its moments over all ranks (as one process with all envs would)"""
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
@@ -154,8 +141,7 @@ def check_env_id(env_id: str):
     if "classic_control" in family:
         fail(f"--env-id {env_id} is a classic-control task; use leanrl/ppo_torchcompile.py")
     if "mujoco" in family:
-        fail(f"--env-id {env_id} is a MuJoCo task; this script takes Atari games (continuous control is not in leanrl "
-             "yet)")
+        fail(f"--env-id {env_id} is a MuJoCo task; this script takes Atari games (no continuous control in leanrl yet)")
     fail(f"--env-id {env_id}: unknown env id; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
 
 
@@ -165,10 +151,9 @@ def check_args(args: Args) -> Optional[dict]:
     def need(ok: bool, name: str, what: str):
         if not ok:
             fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
-
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
         need(getattr(args, name) > 0, name, "positive")
-    for name in ("learning_rate", "clip_coef", "max_grad_norm"):
+    for name in ("learning_rate", "clip_coef", "max_grad_norm", "dist_timeout"):
         need(0 < getattr(args, name) < math.inf, name, "positive and finite")
     for name in ("ent_coef", "vf_coef"):
         need(0 <= getattr(args, name) < math.inf, name, "non-negative and finite")
@@ -178,7 +163,6 @@ def check_args(args: Args) -> Optional[dict]:
     need(args.measure_burnin >= 0, "measure_burnin", "non-negative")
     need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
     need(args.num_threads is None or args.num_threads > 0, "num_threads", "positive")
-    need(0 < args.dist_timeout < math.inf, "dist_timeout", "positive and finite")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
@@ -218,8 +202,7 @@ class Dist:
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         # NCCL wants one GPU per rank; gloo runs on CPU, and on CUDA tensors when ranks share a GPU
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        own_gpu = self.device.type == "cuda" and local_world_size <= torch.cuda.device_count()
+        own_gpu = self.device.type == "cuda" and int(os.getenv("LOCAL_WORLD_SIZE", "1")) <= torch.cuda.device_count()
         self.backend = "nccl" if own_gpu else "gloo"
         self.t_sync = 0.0  # seconds spent in collectives, reset every iteration
         if self.world_size > 1:  # the timeout bounds every collective: a rank that died or hangs stops the others
@@ -351,8 +334,7 @@ def policy(agent: Agent, obs, gumbel):
 
 
 def rollout(envs, policy, next_obs, next_done, buf: TensorDict, stats: EpisodeStats, gumbel):
-    """num_steps of every env into `buf`, acting with Gumbel noise `gumbel` [steps, envs, actions]; returns the last
-    observation and the time split."""
+    """num_steps of every env into `buf`, acting on the noise `gumbel` [steps, envs, actions]; returns the time split."""
     t_env = t_policy = 0.0
     device = next_obs.device
     for step in range(buf.shape[0]):
@@ -428,9 +410,9 @@ def update(agent: Agent, optimizer, args: Args, dist_: Dist, obs, actions, logpr
 
 
 def sync_iteration(dist_: Dist, args: Args, advantages, perms, stats: EpisodeStats, stop: bool):
-    """The iteration's one small all-reduce, before the update: every minibatch's sum and sum of squares of advantages
-    (each rank normalizes with the moments over all ranks), every rank's recent episode returns, and whether any rank
-    was asked to stop (all stop together). Returns (mean, std) per minibatch, the mean return, and the stop decision."""
+    """The iteration's one small all-reduce, before the update: every minibatch's advantage sum and sum of squares,
+    every rank's recent returns, and whether any rank was asked to stop (all stop together). Returns (mean, std) per
+    minibatch (over all ranks, or --no-global-adv-norm: this rank's), the mean return, and the stop decision."""
     mb = advantages.flatten()[perms]  # (epochs x minibatches, minibatch size)
     recent = list(stats.returns)
     sums = torch.cat([mb.double().sum(-1), mb.double().square().sum(-1),
@@ -532,8 +514,7 @@ def load_checkpoint(args: Args) -> dict:
     for key in ("env_id", "num_envs", "num_steps"):
         if ckpt["args"].get(key) != getattr(args, key):
             fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if ckpt.get("world_size") != world_size:  # every rank resumes its own RNG and statistics
+    if ckpt.get("world_size") != int(os.environ.get("WORLD_SIZE", "1")):  # every rank resumes its own RNG and stats
         fail(f"--resume {args.resume} was trained with {ckpt.get('world_size')} ranks; launch {ckpt.get('world_size')}")
     return ckpt
 
@@ -551,8 +532,7 @@ def main(args: Args):
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     # the ranks on one machine share its cores: each gets its share, or it oversubscribes them
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    args.num_threads = args.num_threads or max(1, (os.cpu_count() or 1) // local_world_size)
+    args.num_threads = args.num_threads or max(1, (os.cpu_count() or 1) // int(os.getenv("LOCAL_WORLD_SIZE", "1")))
     torch.set_num_threads(args.num_threads)
     device = dist_.device
     if args.cudagraphs and device.type != "cuda":
@@ -644,8 +624,7 @@ def main(args: Args):
             # every epoch's minibatches drawn up front, so that one all-reduce carries all their advantage moments
             perms = torch.stack([torch.randperm(args.batch_size, device=device, generator=rng)
                                  for _ in range(args.update_epochs)]).view(-1, args.minibatch_size)
-            adv_mean, adv_std, mean_return, stop_all = sync_iteration(dist_, args, buf["advantages"], perms, stats,
-                                                                      stop.set)
+            adv_mean, adv_std, mean_return, stop_all = sync_iteration(dist_, args, buf["advantages"], perms, stats, stop.set)
             losses = []
             for epoch in range(args.update_epochs):
                 for _ in range(args.num_minibatches):
@@ -654,8 +633,7 @@ def main(args: Args):
                     # clone: CUDA graphs hand back the same output buffer at every replay
                     losses.append(u.learn(mb["obs"], mb["actions"], mb["logprobs"], mb["advantages"], mb["returns"],
                                           mb["values"], adv_mean[n], adv_std[n]).clone())
-                # the ranks' mean KL, so that all agree
-                if (args.target_kl is not None
+                if (args.target_kl is not None  # the ranks' mean KL, so that all agree
                         and dist_.all_reduce(losses[-1][0].clone()) / args.world_size > args.target_kl):
                     break
             losses = torch.stack(losses).mean(0).tolist()  # the iteration's one host sync
@@ -706,8 +684,7 @@ def main(args: Args):
                    global_step=global_step, wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
                    final_return=mean_return,
                    compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   interrupted=stop.set, world_size=args.world_size, backend=dist_.backend,
-                   rank_param_digests=digests)
+                   interrupted=stop.set, world_size=args.world_size, backend=dist_.backend, rank_param_digests=digests)
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     if run:

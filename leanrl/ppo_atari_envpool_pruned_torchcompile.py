@@ -149,8 +149,7 @@ def check_env_id(env_id: str):
     if "classic_control" in family:
         fail(f"--env-id {env_id} is a classic-control task; use leanrl/ppo_torchcompile.py")
     if "mujoco" in family:
-        fail(f"--env-id {env_id} is a MuJoCo task; this script takes Atari games (continuous control is not in leanrl "
-             "yet)")
+        fail(f"--env-id {env_id} is a MuJoCo task; this script takes Atari games (no continuous control in leanrl yet)")
     fail(f"--env-id {env_id}: unknown env id; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
 
 
@@ -160,7 +159,6 @@ def check_args(args: Args) -> Optional[dict]:
     def need(ok: bool, name: str, what: str):
         if not ok:
             fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
-
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
         need(getattr(args, name) > 0, name, "positive")
     for name in ("learning_rate", "clip_coef", "max_grad_norm"):
@@ -299,8 +297,7 @@ def policy(agent: Agent, obs, gumbel):
 
 
 def rollout(envs, policy, next_obs, next_done, buf: TensorDict, stats: EpisodeStats, gumbel):
-    """num_steps of every env into `buf`, acting with Gumbel noise `gumbel` [steps, envs, actions]; returns the last
-    observation and the time split."""
+    """num_steps of every env into `buf`, acting on the noise `gumbel` [steps, envs, actions]; returns the time split."""
     t_env = t_policy = 0.0
     device = next_obs.device
     for step in range(buf.shape[0]):
