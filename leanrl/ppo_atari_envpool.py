@@ -10,10 +10,12 @@ loops, one autograd step per minibatch. It is the yardstick `ppo_atari_envpool_t
 import contextlib
 import io
 import json
+import math
 import os
 import platform
 import signal
 import sys
+import tempfile
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -121,31 +123,52 @@ def check_env_id(env_id: str):
     if "atari" in family:
         return
     if "classic_control" in family:
-        fail(f"{env_id} is a classic-control task; use leanrl/ppo.py")
+        fail(f"--env-id {env_id} is a classic-control task; use leanrl/ppo.py")
     if "mujoco" in family:
-        fail(f"{env_id} is a MuJoCo task; this script takes Atari games (continuous control is not in leanrl yet)")
-    fail(f"unknown env id {env_id!r}; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
+        fail(f"--env-id {env_id} is a MuJoCo task; this script takes Atari games (no continuous control in leanrl yet)")
+    fail(f"--env-id {env_id}: unknown env id; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
 
 
-def check_args(args: Args):
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.learning_rate <= 0:
-        fail(f"--learning-rate must be positive, got {args.learning_rate}")
+def check_args(args: Args) -> Optional[dict]:
+    """Every flag against its meaning, before any work: a user mistake ends the run here with one line. Returns the
+    checkpoint to resume from, if any."""
+    def need(ok: bool, name: str, what: str):
+        if not ok:
+            fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
+        need(getattr(args, name) > 0, name, "positive")
+    for name in ("learning_rate", "clip_coef", "max_grad_norm"):
+        need(0 < getattr(args, name) < math.inf, name, "positive and finite")
+    for name in ("ent_coef", "vf_coef"):
+        need(0 <= getattr(args, name) < math.inf, name, "non-negative and finite")
+    for name in ("gamma", "gae_lambda"):
+        need(0 < getattr(args, name) <= 1, name, "in (0, 1]")
+    need(0 <= args.seed < 2**32, "seed", "in [0, 2**32)")
+    need(args.measure_burnin >= 0, "measure_burnin", "non-negative")
+    need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
              f"(num_envs x num_steps); pick a divisor of {batch_size}")
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
-    if args.resume and not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
-    if args.num_threads <= 0:
-        fail(f"--num-threads must be positive, got {args.num_threads}")
     if args.capture_video:
         fail("--capture-video is not supported: envpool renders no frames")
     check_env_id(args.env_id)
+    ckpt = load_checkpoint(args) if args.resume else None
+    check_log_dir(args)
+    return ckpt
+
+
+def check_log_dir(args: Args):
+    """The last check (a bad flag never creates a folder): the default log dir resolved, created and written to."""
+    script = os.path.basename(__file__)[: -len(".py")]
+    args.log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
+    try:
+        os.makedirs(args.log_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.log_dir).close()
+    except OSError as e:
+        fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
 
 
 def make_envs(args: Args, seed: int):
@@ -249,24 +272,28 @@ def save_checkpoint(path: str, payload: dict):
 def load_checkpoint(args: Args) -> dict:
     """Agent, optimizer, RNGs, iteration and step count. envpool cannot snapshot the emulators, so a resumed run
     restarts its games (with a fresh seed) and loses the games that were in flight."""
+    if not os.path.isfile(args.resume):
+        fail(f"--resume {args.resume}: no such file")
     try:
         ckpt = torch.load(args.resume, weights_only=True)
+        assert isinstance(ckpt, dict) and "args" in ckpt
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
+    script = os.path.basename(__file__)[: -len(".py")]
+    if ckpt.get("script", script) != script:  # checkpoints from before the key go on to the args checks
+        fail(f"--resume {args.resume} was written by {ckpt['script']}.py; resume it with that script")
     for key in ("env_id", "num_envs", "num_steps"):
-        if ckpt["args"][key] != getattr(args, key):
+        if ckpt["args"].get(key) != getattr(args, key):
             fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
     return ckpt
 
 
 def main(args: Args):
-    check_args(args)
+    ckpt = check_args(args)
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    script = os.path.basename(__file__)[: -len(".py")]
-    log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
-    os.makedirs(log_dir, exist_ok=True)
+    script, log_dir = os.path.basename(__file__)[: -len(".py")], args.log_dir
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -279,7 +306,6 @@ def main(args: Args):
         fail("ppo_atari_envpool.py is the eager baseline; --cudagraphs needs the units of "
              "leanrl/ppo_atari_envpool_torchcompile.py")
 
-    ckpt = load_checkpoint(args) if args.resume else None
     envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
     obs_shape, n_actions = envs.observation_space.shape, envs.action_space.n
     agent = Agent(n_actions).to(device)
@@ -311,7 +337,8 @@ def main(args: Args):
 
     def checkpoint(iteration):
         save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            agent=agent.state_dict(), optimizer=optimizer.state_dict(), args=asdict(args), iteration=iteration,
+            script=script, agent=agent.state_dict(), optimizer=optimizer.state_dict(), args=asdict(args),
+            iteration=iteration,
             global_step=global_step, torch_rng=torch.get_rng_state(), np_rng=rng.bit_generator.state,
             returns=torch.tensor(list(stats.returns), dtype=torch.float64),
             lengths=torch.tensor(list(stats.lengths), dtype=torch.float64)))

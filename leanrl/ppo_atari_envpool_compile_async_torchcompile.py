@@ -1,13 +1,11 @@
 """PPO on Atari through envpool (Breakout-v5), restructured to run as fast as the hardware allows.
 
-The algorithm, network and defaults of `ppo_atari_envpool.py`, with the work split into plain functions that the
-compilers can take whole: `policy` (one forward for all envs), `gae`, and `update` (one minibatch: forward,
-backward, gradient clipping and the Adam step). `--compile` wraps them in torch.compile, `--cudagraphs` (CUDA only)
-in tensordict's CudaGraphModule. Observations are stored as uint8. `--bf16` runs the CNN trunk under bf16
-autocast where the hardware has native bfloat16 (AVX512-BF16/AMX CPUs): the update's cost halves, the losses,
-log-prob ratios and value targets stay fp32; it is opt-in because on Breakout it learned slower (doc/atari.md).
-The policy samples by Gumbel-max from noise the loop draws with its own generator, so the compiled and graphed
-policy holds no random op.
+The algorithm, network and defaults of `ppo_atari_envpool.py`, split into plain functions the compilers take whole:
+`policy` (one forward for all envs), `gae`, `update` (one minibatch: forward, backward, clipping, Adam step), wrapped
+by `--compile` in torch.compile, by `--cudagraphs` (CUDA only) in tensordict's CudaGraphModule. Observations are stored
+as uint8. `--bf16` runs the CNN trunk under bf16 autocast where the hardware has native bfloat16 (AVX512-BF16/AMX
+CPUs): the update's cost halves, losses, ratios and value targets stay fp32; opt-in, as Breakout learned slower
+(doc/atari.md). Gumbel-max sampling from noise the loop draws with its own generator: the policy holds no random op.
 
 This script is ppo_atari_envpool_torchcompile.py plus one trick, `--compile-async`: training starts at once,
 eagerly, while the units compile off the critical path (a subprocess fills Inductor's on-disk cache, then a thread
@@ -23,11 +21,13 @@ import contextlib
 import copy
 import io
 import json
+import math
 import os
 import platform
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -152,37 +152,58 @@ def check_env_id(env_id: str):
     if "atari" in family:
         return
     if "classic_control" in family:
-        fail(f"{env_id} is a classic-control task; use leanrl/ppo_torchcompile.py")
+        fail(f"--env-id {env_id} is a classic-control task; use leanrl/ppo_torchcompile.py")
     if "mujoco" in family:
-        fail(f"{env_id} is a MuJoCo task; this script takes Atari games (continuous control is not in leanrl yet)")
-    fail(f"unknown env id {env_id!r}; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
+        fail(f"--env-id {env_id} is a MuJoCo task; this script takes Atari games (no continuous control in leanrl yet)")
+    fail(f"--env-id {env_id}: unknown env id; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
 
 
-def check_args(args: Args):
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.learning_rate <= 0:
-        fail(f"--learning-rate must be positive, got {args.learning_rate}")
+def check_args(args: Args) -> Optional[dict]:
+    """Every flag against its meaning, before any work: a user mistake ends the run here with one line. Returns the
+    checkpoint to resume from, if any."""
+    def need(ok: bool, name: str, what: str):
+        if not ok:
+            fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
+        need(getattr(args, name) > 0, name, "positive")
+    for name in ("learning_rate", "clip_coef", "max_grad_norm"):
+        need(0 < getattr(args, name) < math.inf, name, "positive and finite")
+    for name in ("ent_coef", "vf_coef"):
+        need(0 <= getattr(args, name) < math.inf, name, "non-negative and finite")
+    for name in ("gamma", "gae_lambda"):
+        need(0 < getattr(args, name) <= 1, name, "in (0, 1]")
+    need(0 <= args.seed < 2**32, "seed", "in [0, 2**32)")
+    need(args.measure_burnin >= 0, "measure_burnin", "non-negative")
+    need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
              f"(num_envs x num_steps); pick a divisor of {batch_size}")
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
-    if args.resume and not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
-    if args.num_threads <= 0:
-        fail(f"--num-threads must be positive, got {args.num_threads}")
-    if (args.compile_async or args.compile_cache_only) and not args.compile:
-        fail("--compile-async and --compile-cache-only need --compile (they compile the same units)")
-    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
-        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
     if args.capture_video:
         fail("--capture-video is not supported: envpool renders no frames")
     if args.target_kl is not None and args.cudagraphs:
         fail("--target-kl reads the KL on the host after every epoch, which CUDA graphs exist to avoid; drop one")
+    if (args.compile_async or args.compile_cache_only) and not args.compile:
+        fail("--compile-async and --compile-cache-only need --compile (they compile the same units)")
+    if args.compile_swap_iteration is not None and not (args.compile_async and args.compile_swap_iteration >= 1):
+        fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}")
     check_env_id(args.env_id)
+    ckpt = load_checkpoint(args) if args.resume else None
+    check_log_dir(args)
+    return ckpt
+
+
+def check_log_dir(args: Args):
+    """The last check (a bad flag never creates a folder): the default log dir resolved, created and written to."""
+    script = os.path.basename(__file__)[: -len(".py")]
+    args.log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
+    try:
+        os.makedirs(args.log_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.log_dir).close()
+    except OSError as e:
+        fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
 
 
 def make_envs(args: Args, seed: int):
@@ -243,9 +264,8 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
     def trunk(self, x):
-        # bf16 autocast covers the convolutions and the 3136x512 layer, where the time goes (AMX/AVX512-BF16 run
-        # them ~2x faster than fp32); the heads and everything downstream see fp32. Each weight is cast once per
-        # call, so autocast's cast cache buys nothing, and CUDA graph capture requires it off.
+        # bf16 autocast covers the convolutions and the 3136x512 layer, where the time goes (~2x fp32 on AMX/AVX512);
+        # heads and downstream see fp32. No cast cache: each weight is cast once a call; CUDA graph capture needs it off.
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=False):
             hidden = self.network(x.float() / 255.0)
         return hidden.float()
@@ -266,9 +286,8 @@ class Agent(nn.Module):
 
 
 def inference_copy(agent: Agent) -> Agent:
-    """The rollout's copy of the agent: the same storage, detached, so acting builds no autograd graph and needs no
-    no_grad. preserve_module_state=False: since tensordict 0.14 the default keeps the target's own Parameters
-    (requires_grad=True) and only swaps their data."""
+    """The rollout's copy of the agent: the same storage, detached, so acting builds no autograd graph (no no_grad).
+    preserve_module_state=False: since tensordict 0.14 the default keeps the target's Parameters, swapping only data."""
     copy = Agent(agent.actor.out_features, agent.bf16).to(next(agent.parameters()).device)
     from_module(agent).data.to_module(copy, preserve_module_state=False)
     return copy
@@ -280,8 +299,7 @@ def policy(agent: Agent, obs, gumbel):
 
 
 def rollout(envs, policy, next_obs, next_done, buf: TensorDict, stats: EpisodeStats, gumbel):
-    """num_steps of every env into the preallocated buffer, acting with the rollout's Gumbel noise `gumbel`
-    [steps, envs, actions]; returns the last observation and the time split."""
+    """num_steps of every env into `buf`, acting on the noise `gumbel` [steps, envs, actions]; returns the time split."""
     t_env = t_policy = 0.0
     device = next_obs.device
     for step in range(buf.shape[0]):
@@ -465,24 +483,28 @@ def save_checkpoint(path: str, payload: dict):
 def load_checkpoint(args: Args) -> dict:
     """Agent, optimizer, RNGs, iteration and step count. envpool cannot snapshot the emulators, so a resumed run
     restarts its games (with a fresh seed) and loses the games that were in flight."""
+    if not os.path.isfile(args.resume):
+        fail(f"--resume {args.resume}: no such file")
     try:
         ckpt = torch.load(args.resume, weights_only=True)
+        assert isinstance(ckpt, dict) and "args" in ckpt
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
+    script = os.path.basename(__file__)[: -len(".py")]
+    if ckpt.get("script", script) != script:  # checkpoints from before the key go on to the args checks
+        fail(f"--resume {args.resume} was written by {ckpt['script']}.py; resume it with that script")
     for key in ("env_id", "num_envs", "num_steps"):
-        if ckpt["args"][key] != getattr(args, key):
+        if ckpt["args"].get(key) != getattr(args, key):
             fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
     return ckpt
 
 
 def main(args: Args):
-    check_args(args)
+    ckpt = check_args(args)
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    script = os.path.basename(__file__)[: -len(".py")]
-    log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
-    os.makedirs(log_dir, exist_ok=True)
+    script, log_dir = os.path.basename(__file__)[: -len(".py")], args.log_dir
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -493,7 +515,6 @@ def main(args: Args):
         args.cudagraphs = False
     use_bf16 = args.bf16 and bf16_supported(device)
 
-    ckpt = load_checkpoint(args) if args.resume else None
     envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
     # global generator after compiling a function, which would replay numbers the loop drew before the compile
@@ -529,7 +550,8 @@ def main(args: Args):
 
     def checkpoint(iteration):
         save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args), iteration=iteration,
+            script=script, agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args),
+            iteration=iteration,
             global_step=global_step, rng=rng.get_state(),
             returns=torch.tensor(list(stats.returns), dtype=torch.float64),
             lengths=torch.tensor(list(stats.lengths), dtype=torch.float64)))

@@ -1,22 +1,10 @@
 """ppo_atari_envpool_torchcompile.py made synchronous data-parallel (DD-PPO style) on torch.distributed (torchrun).
 
 Every rank runs its own envpool with its own seed and starts from rank 0's parameters; every minibatch the ranks
-average their gradients (one all-reduce of one flat buffer, between backward and the Adam step), so all apply the same
-update. Advantages are normalized with each minibatch's moments over all ranks (`--global-adv-norm`); these, the
-episode returns and the stop flag travel in one small all-reduce per iteration. Rank 0 logs. gloo on CPU, nccl on
-CUDA; doc/distributed.md has the launch commands and the scaling.
-What follows is ppo_atari_envpool_torchcompile.py's own description, all of which holds per rank.
-
-PPO on Atari through envpool (Breakout-v5), restructured to run as fast as the hardware allows.
-
-The algorithm, network and defaults of `ppo_atari_envpool.py`, with the work split into plain functions that the
-compilers can take whole: `policy` (one forward for all envs), `gae`, and `update` (one minibatch: forward,
-backward, gradient clipping and the Adam step). `--compile` wraps them in torch.compile, `--cudagraphs` (CUDA only)
-in tensordict's CudaGraphModule. Observations are stored as uint8. `--bf16` runs the CNN trunk under bf16
-autocast where the hardware has native bfloat16 (AVX512-BF16/AMX CPUs): the update's cost halves, the losses,
-log-prob ratios and value targets stay fp32; it is opt-in because on Breakout it learned slower (doc/atari.md).
-The policy samples by Gumbel-max from noise the loop draws with its own generator, so the compiled and graphed
-policy holds no random op.
+average their gradients (one all-reduce of one flat buffer, before the Adam step), so all apply the same update.
+Advantages are normalized with each minibatch's moments over all ranks (`--global-adv-norm`); these, the episode
+returns and the stop flag travel in one small all-reduce per iteration. Rank 0 logs. gloo on CPU, nccl on CUDA; launch
+commands and scaling: doc/distributed.md. The base script's docstring holds per rank.
 
     python leanrl/ppo_atari_envpool_ddp_torchcompile.py --compile                       # one process, no launcher
     torchrun --nproc-per-node 2 leanrl/ppo_atari_envpool_ddp_torchcompile.py --compile  # 2 ranks on this machine
@@ -27,10 +15,12 @@ import datetime
 import hashlib
 import io
 import json
+import math
 import os
 import platform
 import signal
 import sys
+import tempfile
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -91,8 +81,7 @@ class Args:
     norm_adv: bool = True
     """Toggles advantages normalization"""
     global_adv_norm: bool = True
-    """normalize each minibatch's advantages with the mean and std of that minibatch over all ranks (what one
-    process with all the envs would do); --no-global-adv-norm uses each rank's own minibatch"""
+    """normalize each minibatch's advantages with its moments over all ranks (as one process with all envs would)"""
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
@@ -150,18 +139,30 @@ def check_env_id(env_id: str):
     if "atari" in family:
         return
     if "classic_control" in family:
-        fail(f"{env_id} is a classic-control task; use leanrl/ppo_torchcompile.py")
+        fail(f"--env-id {env_id} is a classic-control task; use leanrl/ppo_torchcompile.py")
     if "mujoco" in family:
-        fail(f"{env_id} is a MuJoCo task; this script takes Atari games (continuous control is not in leanrl yet)")
-    fail(f"unknown env id {env_id!r}; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
+        fail(f"--env-id {env_id} is a MuJoCo task; this script takes Atari games (no continuous control in leanrl yet)")
+    fail(f"--env-id {env_id}: unknown env id; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
 
 
-def check_args(args: Args):
+def check_args(args: Args) -> Optional[dict]:
+    """Every flag against its meaning, before any work: a user mistake ends the run here with one line. Returns the
+    checkpoint to resume from, if any."""
+    def need(ok: bool, name: str, what: str):
+        if not ok:
+            fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.learning_rate <= 0:
-        fail(f"--learning-rate must be positive, got {args.learning_rate}")
+        need(getattr(args, name) > 0, name, "positive")
+    for name in ("learning_rate", "clip_coef", "max_grad_norm", "dist_timeout"):
+        need(0 < getattr(args, name) < math.inf, name, "positive and finite")
+    for name in ("ent_coef", "vf_coef"):
+        need(0 <= getattr(args, name) < math.inf, name, "non-negative and finite")
+    for name in ("gamma", "gae_lambda"):
+        need(0 < getattr(args, name) <= 1, name, "in (0, 1]")
+    need(0 <= args.seed < 2**32, "seed", "in [0, 2**32)")
+    need(args.measure_burnin >= 0, "measure_burnin", "non-negative")
+    need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
+    need(args.num_threads is None or args.num_threads > 0, "num_threads", "positive")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
@@ -169,17 +170,25 @@ def check_args(args: Args):
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
     if args.total_timesteps < batch_size * world_size:
         fail(f"--total-timesteps {args.total_timesteps} is below one batch ({batch_size} steps x {world_size} ranks)")
-    if args.resume and not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
-    if args.num_threads is not None and args.num_threads <= 0:
-        fail(f"--num-threads must be positive, got {args.num_threads}")
-    if args.dist_timeout <= 0:
-        fail(f"--dist-timeout must be positive, got {args.dist_timeout}")
     if args.capture_video:
         fail("--capture-video is not supported: envpool renders no frames")
     if args.target_kl is not None and args.cudagraphs:
         fail("--target-kl reads the KL on the host after every epoch, which CUDA graphs exist to avoid; drop one")
     check_env_id(args.env_id)
+    ckpt = load_checkpoint(args) if args.resume else None
+    check_log_dir(args)
+    return ckpt
+
+
+def check_log_dir(args: Args):
+    """The last check (a bad flag never creates a folder): the default log dir resolved, created and written to."""
+    script = os.path.basename(__file__)[: -len(".py")]
+    args.log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
+    try:
+        os.makedirs(args.log_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.log_dir).close()
+    except OSError as e:
+        fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
 
 
 class Dist:
@@ -193,8 +202,7 @@ class Dist:
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         # NCCL wants one GPU per rank; gloo runs on CPU, and on CUDA tensors when ranks share a GPU
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        own_gpu = self.device.type == "cuda" and local_world_size <= torch.cuda.device_count()
+        own_gpu = self.device.type == "cuda" and int(os.getenv("LOCAL_WORLD_SIZE", "1")) <= torch.cuda.device_count()
         self.backend = "nccl" if own_gpu else "gloo"
         self.t_sync = 0.0  # seconds spent in collectives, reset every iteration
         if self.world_size > 1:  # the timeout bounds every collective: a rank that died or hangs stops the others
@@ -291,9 +299,8 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
     def trunk(self, x):
-        # bf16 autocast covers the convolutions and the 3136x512 layer, where the time goes (AMX/AVX512-BF16 run
-        # them ~2x faster than fp32); the heads and everything downstream see fp32. Each weight is cast once per
-        # call, so autocast's cast cache buys nothing, and CUDA graph capture requires it off.
+        # bf16 autocast covers the convolutions and the 3136x512 layer, where the time goes (~2x fp32 on AMX/AVX512);
+        # heads and downstream see fp32. No cast cache: each weight is cast once a call; CUDA graph capture needs it off.
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=False):
             hidden = self.network(x.float() / 255.0)
         return hidden.float()
@@ -314,9 +321,8 @@ class Agent(nn.Module):
 
 
 def inference_copy(agent: Agent) -> Agent:
-    """The rollout's copy of the agent: the same storage, detached, so acting builds no autograd graph and needs no
-    no_grad. preserve_module_state=False: since tensordict 0.14 the default keeps the target's own Parameters
-    (requires_grad=True) and only swaps their data."""
+    """The rollout's copy of the agent: the same storage, detached, so acting builds no autograd graph (no no_grad).
+    preserve_module_state=False: since tensordict 0.14 the default keeps the target's Parameters, swapping only data."""
     copy = Agent(agent.actor.out_features, agent.bf16).to(next(agent.parameters()).device)
     from_module(agent).data.to_module(copy, preserve_module_state=False)
     return copy
@@ -328,8 +334,7 @@ def policy(agent: Agent, obs, gumbel):
 
 
 def rollout(envs, policy, next_obs, next_done, buf: TensorDict, stats: EpisodeStats, gumbel):
-    """num_steps of every env into the preallocated buffer, acting with the rollout's Gumbel noise `gumbel`
-    [steps, envs, actions]; returns the last observation and the time split."""
+    """num_steps of every env into `buf`, acting on the noise `gumbel` [steps, envs, actions]; returns the time split."""
     t_env = t_policy = 0.0
     device = next_obs.device
     for step in range(buf.shape[0]):
@@ -405,9 +410,9 @@ def update(agent: Agent, optimizer, args: Args, dist_: Dist, obs, actions, logpr
 
 
 def sync_iteration(dist_: Dist, args: Args, advantages, perms, stats: EpisodeStats, stop: bool):
-    """The iteration's one small all-reduce, before the update: every minibatch's sum and sum of squares of advantages
-    (each rank normalizes with the moments over all ranks), every rank's recent episode returns, and whether any rank
-    was asked to stop (all stop together). Returns (mean, std) per minibatch, the mean return, and the stop decision."""
+    """The iteration's one small all-reduce, before the update: every minibatch's advantage sum and sum of squares,
+    every rank's recent returns, and whether any rank was asked to stop (all stop together). Returns (mean, std) per
+    minibatch (over all ranks, or --no-global-adv-norm: this rank's), the mean return, and the stop decision."""
     mb = advantages.flatten()[perms]  # (epochs x minibatches, minibatch size)
     recent = list(stats.returns)
     sums = torch.cat([mb.double().sum(-1), mb.double().square().sum(-1),
@@ -496,36 +501,38 @@ def save_checkpoint(path: str, payload: dict):
 def load_checkpoint(args: Args) -> dict:
     """Agent, optimizer, RNGs, iteration and step count. envpool cannot snapshot the emulators, so a resumed run
     restarts its games (with a fresh seed) and loses the games that were in flight."""
+    if not os.path.isfile(args.resume):
+        fail(f"--resume {args.resume}: no such file")
     try:
         ckpt = torch.load(args.resume, weights_only=True)
+        assert isinstance(ckpt, dict) and "args" in ckpt
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
+    script = os.path.basename(__file__)[: -len(".py")]
+    if ckpt.get("script", script) != script:  # checkpoints from before the key go on to the args checks
+        fail(f"--resume {args.resume} was written by {ckpt['script']}.py; resume it with that script")
     for key in ("env_id", "num_envs", "num_steps"):
-        if ckpt["args"][key] != getattr(args, key):
+        if ckpt["args"].get(key) != getattr(args, key):
             fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
-    if ckpt["world_size"] != args.world_size:  # every rank resumes its own RNG and statistics
-        fail(f"--resume {args.resume} was trained with {ckpt['world_size']} ranks; launch {ckpt['world_size']}")
+    if ckpt.get("world_size") != int(os.environ.get("WORLD_SIZE", "1")):  # every rank resumes its own RNG and stats
+        fail(f"--resume {args.resume} was trained with {ckpt.get('world_size')} ranks; launch {ckpt.get('world_size')}")
     return ckpt
 
 
 def main(args: Args):
-    check_args(args)
+    ckpt = check_args(args)
     dist_ = Dist(args)
     rank, lead = dist_.rank, dist_.rank == 0  # rank 0 leads: it logs, shows the bar and writes the checkpoint
     args.world_size = dist_.world_size
     args.batch_size = args.num_envs * args.num_steps  # per rank; the global batch is world_size times this
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // (args.batch_size * args.world_size)
-    script = os.path.basename(__file__)[: -len(".py")]
-    log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
-    if lead:
-        os.makedirs(log_dir, exist_ok=True)
+    script, log_dir = os.path.basename(__file__)[: -len(".py")], args.log_dir
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     # the ranks on one machine share its cores: each gets its share, or it oversubscribes them
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    args.num_threads = args.num_threads or max(1, (os.cpu_count() or 1) // local_world_size)
+    args.num_threads = args.num_threads or max(1, (os.cpu_count() or 1) // int(os.getenv("LOCAL_WORLD_SIZE", "1")))
     torch.set_num_threads(args.num_threads)
     device = dist_.device
     if args.cudagraphs and device.type != "cuda":
@@ -537,7 +544,6 @@ def main(args: Args):
              "graph, gloo's cannot); launch at most one rank per GPU or drop --cudagraphs")
     use_bf16 = args.bf16 and bf16_supported(device)
 
-    ckpt = load_checkpoint(args) if args.resume else None
     # envpool seeds env i with seed + i: rank r's envs continue the numbering, every env of the job its own seed
     envs = make_envs(args, seed=args.seed + rank * args.num_envs + (ckpt["global_step"] if ckpt else 0))
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
@@ -575,8 +581,8 @@ def main(args: Args):
             lengths=torch.tensor(list(stats.lengths), dtype=torch.float64)))
         if lead:
             save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-                agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args), iteration=iteration,
-                global_step=global_step, world_size=args.world_size, ranks=ranks))
+                script=script, agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args),
+                iteration=iteration, global_step=global_step, world_size=args.world_size, ranks=ranks))
 
     run = None
     if args.track and lead:
@@ -618,8 +624,7 @@ def main(args: Args):
             # every epoch's minibatches drawn up front, so that one all-reduce carries all their advantage moments
             perms = torch.stack([torch.randperm(args.batch_size, device=device, generator=rng)
                                  for _ in range(args.update_epochs)]).view(-1, args.minibatch_size)
-            adv_mean, adv_std, mean_return, stop_all = sync_iteration(dist_, args, buf["advantages"], perms, stats,
-                                                                      stop.set)
+            adv_mean, adv_std, mean_return, stop_all = sync_iteration(dist_, args, buf["advantages"], perms, stats, stop.set)
             losses = []
             for epoch in range(args.update_epochs):
                 for _ in range(args.num_minibatches):
@@ -628,8 +633,7 @@ def main(args: Args):
                     # clone: CUDA graphs hand back the same output buffer at every replay
                     losses.append(u.learn(mb["obs"], mb["actions"], mb["logprobs"], mb["advantages"], mb["returns"],
                                           mb["values"], adv_mean[n], adv_std[n]).clone())
-                # the ranks' mean KL, so that all agree
-                if (args.target_kl is not None
+                if (args.target_kl is not None  # the ranks' mean KL, so that all agree
                         and dist_.all_reduce(losses[-1][0].clone()) / args.world_size > args.target_kl):
                     break
             losses = torch.stack(losses).mean(0).tolist()  # the iteration's one host sync
@@ -680,8 +684,7 @@ def main(args: Args):
                    global_step=global_step, wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
                    final_return=mean_return,
                    compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   interrupted=stop.set, world_size=args.world_size, backend=dist_.backend,
-                   rank_param_digests=digests)
+                   interrupted=stop.set, world_size=args.world_size, backend=dist_.backend, rank_param_digests=digests)
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     if run:
