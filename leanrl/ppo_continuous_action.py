@@ -122,8 +122,7 @@ def parse_args() -> Args:
 
 
 def check_args(args: Args) -> Optional[dict]:
-    """Every flag against its meaning, before any work: a user mistake ends the run here with one line. Returns the
-    checkpoint to resume from, if any."""
+    """Every flag against its meaning, before any work (a mistake: one line, exit 2); returns the checkpoint, if any."""
     def need(ok: bool, name: str, what: str):
         if not ok:
             fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
@@ -132,12 +131,11 @@ def check_args(args: Args) -> Optional[dict]:
         need(getattr(args, name) > 0, name, "positive")
     for name in ("learning_rate", "clip_coef", "max_grad_norm"):
         need(0 < getattr(args, name) < math.inf, name, "positive and finite")
-    for name in ("ent_coef", "vf_coef"):
+    for name in ("ent_coef", "vf_coef", "measure_burnin"):
         need(0 <= getattr(args, name) < math.inf, name, "non-negative and finite")
     for name in ("gamma", "gae_lambda"):
         need(0 < getattr(args, name) <= 1, name, "in (0, 1]")
     need(0 <= args.seed < 2**31, "seed", "in [0, 2**31) (envpool's seeds are int32)")
-    need(args.measure_burnin >= 0, "measure_burnin", "non-negative")
     need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
@@ -156,19 +154,16 @@ def check_args(args: Args) -> Optional[dict]:
     if "classic_control" in family:
         fail(f"--env-id {env_id} is a classic-control task; this script takes MuJoCo tasks such as HalfCheetah-v4 "
              "(discrete classic control: leanrl/ppo.py)")
-    if "mujoco" in family and family != "envpool.mujoco.gym":
-        fail(f"--env-id {env_id} is not a Gymnasium-style MuJoCo task; this script takes ids such as HalfCheetah-v4")
     if family != "envpool.mujoco.gym":
-        fail(f"--env-id {env_id}: unknown env id; this script takes envpool MuJoCo ids such as HalfCheetah-v4, "
-             "Hopper-v4, Ant-v4")
+        fail(f"--env-id {env_id}: {'not a Gymnasium-style MuJoCo task' if 'mujoco' in family else 'unknown env id'}; "
+             "this script takes envpool MuJoCo ids such as HalfCheetah-v4, Hopper-v4, Ant-v4")
     ckpt = load_checkpoint(args) if args.resume else None
     check_log_dir(args)
     return ckpt
 
 
 def check_log_dir(args: Args):
-    """The last check, so a bad flag never creates a folder: the log dir (default runs/<env>__<script>__<seed>__<time>,
-    stored back into args.log_dir) must be one this run can write to."""
+    """The last check (a bad flag never creates a folder): the log dir, its default resolved into args, is writable."""
     script = os.path.basename(__file__)[: -len(".py")]
     args.log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
     try:
