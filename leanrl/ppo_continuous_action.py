@@ -13,10 +13,12 @@ It is the yardstick `ppo_continuous_action_torchcompile.py` is measured against.
 import contextlib
 import io
 import json
+import math
 import os
 import platform
 import signal
 import sys
+import tempfile
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -119,39 +121,56 @@ def parse_args() -> Args:
         raise
 
 
-def check_env_id(env_id: str):
-    family = envpool.registration.registry.specs.get(env_id, ("",))[0]
-    if family == "envpool.mujoco.gym":
-        return
-    if "atari" in family:
-        fail(f"{env_id} is an Atari game (discrete actions); use leanrl/ppo_atari_envpool.py")
-    if "classic_control" in family:
-        fail(f"{env_id} is a classic-control task; this script takes MuJoCo tasks such as HalfCheetah-v4 "
-             "(discrete classic control: leanrl/ppo.py)")
-    if "mujoco" in family:
-        fail(f"{env_id} is not a Gymnasium-style MuJoCo task; this script takes ids such as HalfCheetah-v4, Hopper-v4")
-    fail(f"unknown env id {env_id!r}; this script takes envpool MuJoCo ids such as HalfCheetah-v4, Hopper-v4, Ant-v4")
+def check_args(args: Args) -> Optional[dict]:
+    """Every flag against its meaning, before any work (a mistake: one line, exit 2); returns the checkpoint, if any."""
+    def need(ok: bool, name: str, what: str):
+        if not ok:
+            fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
 
-
-def check_args(args: Args):
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.learning_rate <= 0:
-        fail(f"--learning-rate must be positive, got {args.learning_rate}")
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
+        need(getattr(args, name) > 0, name, "positive")
+    for name in ("learning_rate", "clip_coef", "max_grad_norm"):
+        need(0 < getattr(args, name) < math.inf, name, "positive and finite")
+    for name in ("ent_coef", "vf_coef", "measure_burnin"):
+        need(0 <= getattr(args, name) < math.inf, name, "non-negative and finite")
+    for name in ("gamma", "gae_lambda"):
+        need(0 < getattr(args, name) <= 1, name, "in (0, 1]")
+    need(0 <= args.seed < 2**31, "seed", "in [0, 2**31) (envpool's seeds are int32)")
+    need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
              f"(num_envs x num_steps); pick a divisor of {batch_size}")
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
-    if args.resume and not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
-    if args.num_threads <= 0:
-        fail(f"--num-threads must be positive, got {args.num_threads}")
     if args.capture_video:
         fail("--capture-video is not supported: envpool renders no frames")
-    check_env_id(args.env_id)
+    if args.cudagraphs and args.cuda and torch.cuda.is_available():
+        fail("ppo_continuous_action.py is the eager baseline; --cudagraphs needs the units of "
+             "leanrl/ppo_continuous_action_torchcompile.py")
+    env_id, family = args.env_id, envpool.registration.registry.specs.get(args.env_id, ("",))[0]
+    if "atari" in family:
+        fail(f"--env-id {env_id} is an Atari game (discrete actions); use leanrl/ppo_atari_envpool.py")
+    if "classic_control" in family:
+        fail(f"--env-id {env_id} is a classic-control task; this script takes MuJoCo tasks such as HalfCheetah-v4 "
+             "(discrete classic control: leanrl/ppo.py)")
+    if family != "envpool.mujoco.gym":
+        fail(f"--env-id {env_id}: {'not a Gymnasium-style MuJoCo task' if 'mujoco' in family else 'unknown env id'}; "
+             "this script takes envpool MuJoCo ids such as HalfCheetah-v4, Hopper-v4, Ant-v4")
+    ckpt = load_checkpoint(args) if args.resume else None
+    check_log_dir(args)
+    return ckpt
+
+
+def check_log_dir(args: Args):
+    """The last check (a bad flag never creates a folder): the log dir, its default resolved into args, is writable."""
+    script = os.path.basename(__file__)[: -len(".py")]
+    args.log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
+    try:
+        os.makedirs(args.log_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.log_dir).close()
+    except OSError as e:
+        fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
 
 
 def make_envs(args: Args, seed: int):
@@ -313,24 +332,28 @@ def save_checkpoint(path: str, payload: dict):
 def load_checkpoint(args: Args) -> dict:
     """Agent, optimizer, normalizer statistics, RNGs, iteration and step count. envpool cannot snapshot the
     simulators, so a resumed run starts new episodes (with a fresh seed); the normalizer carries on."""
+    if not os.path.isfile(args.resume):
+        fail(f"--resume {args.resume}: no such file")
+    script = os.path.basename(__file__)[: -len(".py")]
     try:
         ckpt = torch.load(args.resume, weights_only=True)
+        written_by, trained = ckpt.get("script", script), ckpt["args"]  # no "script": written before it was stored
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
+    if written_by != script:
+        fail(f"--resume {args.resume} was written by {written_by}.py; resume it with that script")
     for key in ("env_id", "num_envs", "num_steps"):
-        if ckpt["args"][key] != getattr(args, key):
-            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
+        if trained.get(key) != getattr(args, key):
+            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {trained.get(key)}; pass the same")
     return ckpt
 
 
 def main(args: Args):
-    check_args(args)
+    ckpt = check_args(args)
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    script = os.path.basename(__file__)[: -len(".py")]
-    log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
-    os.makedirs(log_dir, exist_ok=True)
+    script, log_dir = os.path.basename(__file__)[: -len(".py")], args.log_dir
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -339,11 +362,7 @@ def main(args: Args):
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if args.cudagraphs and device.type != "cuda":
         print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
-    elif args.cudagraphs:
-        fail("ppo_continuous_action.py is the eager baseline; --cudagraphs needs the units of "
-             "leanrl/ppo_continuous_action_torchcompile.py")
 
-    ckpt = load_checkpoint(args) if args.resume else None
     envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
     n_obs, n_actions = envs.observation_space.shape[0], envs.action_space.shape[0]
     action_low, action_high = envs.action_space.low, envs.action_space.high
@@ -377,9 +396,10 @@ def main(args: Args):
 
     def checkpoint(iteration):
         save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            agent=agent.state_dict(), optimizer=optimizer.state_dict(), normalizer=normalizer.state_dict(),
-            args=asdict(args), iteration=iteration, global_step=global_step, torch_rng=torch.get_rng_state(),
-            np_rng=rng.bit_generator.state, returns=torch.tensor(list(stats.returns), dtype=torch.float64)))
+            script=script, agent=agent.state_dict(), optimizer=optimizer.state_dict(),
+            normalizer=normalizer.state_dict(), args=asdict(args), iteration=iteration, global_step=global_step,
+            torch_rng=torch.get_rng_state(), np_rng=rng.bit_generator.state,
+            returns=torch.tensor(list(stats.returns), dtype=torch.float64)))
 
     run = None
     if args.track:

@@ -1,17 +1,13 @@
 """PPO for continuous control (MuJoCo through envpool, HalfCheetah-v4), made to run as fast as the hardware allows.
 
-The algorithm, network, normalization and defaults of ppo_continuous_action.py (CleanRL's), cut LeanRL-style into
-units that torch.compile and CUDA graphs can wrap: `policy` (one rollout step), `normalize` (the observation
-statistics, on the policy's device), `gae`, and `update` (one minibatch, optimizer step inside). An iteration is 2048
-sequential single-env steps, then 320 minibatch updates of 64 samples: on a CPU each costs its Python and dispatcher
-overhead, not its arithmetic, so the tricks here remove machinery (doc/continuous_control.md has the measurements):
-
-- a rollout step only samples, with an inference copy of the agent; log-probabilities and values come afterwards,
-  from one batched forward (Agent.act);
-- the env's outputs are staged in numpy and reach the buffers once an iteration, the reward scaling too (rollout);
-- GAE recurses over numpy rows on the host (gae);
-- `update` is one compiled graph: torch.func.grad, clipping and torch.optim's functional Adam (update);
-- lr is a tensor changed in place (no recompilation), and once everything has compiled the guards are skipped.
+ppo_continuous_action.py's algorithm, network, normalization and defaults (CleanRL's), cut into units that
+torch.compile and CUDA graphs can wrap: `policy`, `normalize`, `gae`, `update`. An iteration is 2048 sequential
+single-env steps, then 320 minibatch updates of 64 samples: on a CPU each costs its Python and dispatcher overhead, not
+its arithmetic, so the tricks remove machinery (doc/continuous_control.md has the measurements): a rollout step only
+samples, with an inference copy of the agent (log-probs and values come after, in one batched forward); env outputs
+are staged in numpy and reach the buffers once an iteration, the reward scaling too; GAE recurses over numpy rows on
+the host; `update` is one compiled graph (torch.func.grad, clipping, torch.optim's functional Adam); lr is a tensor
+changed in place (no recompilation), and once everything has compiled the guards are skipped.
 
     python leanrl/ppo_continuous_action_torchcompile.py --compile               # CPU or GPU
     python leanrl/ppo_continuous_action_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the units
@@ -26,6 +22,7 @@ import os
 import platform
 import signal
 import sys
+import tempfile
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -131,38 +128,58 @@ def parse_args() -> Args:
         raise
 
 
-def check_args(args: Args):
-    for name in ("total_timesteps", "learning_rate", "num_envs", "num_steps", "num_minibatches", "update_epochs",
-                 "num_threads"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+def check_args(args: Args) -> Optional[dict]:
+    """Every flag against its meaning, before any work (a mistake: one line, exit 2); returns the checkpoint, if any."""
+    def need(ok: bool, name: str, what: str):
+        if not ok:
+            fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
+
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
+        need(getattr(args, name) > 0, name, "positive")
+    for name in ("learning_rate", "clip_coef", "max_grad_norm"):
+        need(0 < getattr(args, name) < math.inf, name, "positive and finite")
+    for name in ("ent_coef", "vf_coef", "measure_burnin"):
+        need(0 <= getattr(args, name) < math.inf, name, "non-negative and finite")
+    for name in ("gamma", "gae_lambda"):
+        need(0 < getattr(args, name) <= 1, name, "in (0, 1]")
+    need(0 <= args.seed < 2**31, "seed", "in [0, 2**31) (envpool's seeds are int32)")
+    need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
              f"(num_envs x num_steps); pick a divisor of {batch_size}")
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
-    if args.resume and not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
     if args.capture_video:
         fail("--capture-video is not supported: envpool renders no frames")
     env_id, family = args.env_id, envpool.registration.registry.specs.get(args.env_id, ("",))[0]
-    if family == "envpool.mujoco.gym":
-        return
     if "atari" in family:
-        fail(f"{env_id} is an Atari game (discrete actions); use leanrl/ppo_atari_envpool.py")
+        fail(f"--env-id {env_id} is an Atari game (discrete actions); use leanrl/ppo_atari_envpool.py")
     if "classic_control" in family:
-        fail(f"{env_id} is a classic-control task; this script takes MuJoCo tasks such as HalfCheetah-v4 "
+        fail(f"--env-id {env_id} is a classic-control task; this script takes MuJoCo tasks such as HalfCheetah-v4 "
              "(discrete classic control: leanrl/ppo.py)")
-    if "mujoco" in family:
-        fail(f"{env_id} is not a Gymnasium-style MuJoCo task; this script takes ids such as HalfCheetah-v4, Hopper-v4")
-    fail(f"unknown env id {env_id!r}; this script takes envpool MuJoCo ids such as HalfCheetah-v4, Hopper-v4, Ant-v4")
+    if family != "envpool.mujoco.gym":
+        fail(f"--env-id {env_id}: {'not a Gymnasium-style MuJoCo task' if 'mujoco' in family else 'unknown env id'}; "
+             "this script takes envpool MuJoCo ids such as HalfCheetah-v4, Hopper-v4, Ant-v4")
+    ckpt = load_checkpoint(args) if args.resume else None
+    check_log_dir(args)
+    return ckpt
+
+
+def check_log_dir(args: Args):
+    """The last check (a bad flag never creates a folder): the log dir, its default resolved into args, is writable."""
+    script = os.path.basename(__file__)[: -len(".py")]
+    args.log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
+    try:
+        os.makedirs(args.log_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.log_dir).close()
+    except OSError as e:
+        fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
 
 
 def env_step(envs, action: np.ndarray):
-    """One step with CleanRL's (gymnasium's SAME_STEP) auto-reset. envpool resets an env on the step *after* its episode
-    ended, ignoring that step's action, reward 0 (envpool 1.2.5): resetting the ended envs at once keeps that dead step,
-    a transition the action did not cause, out of the batch, at one extra env call per episode end."""
+    """One step with CleanRL's (gymnasium's SAME_STEP) auto-reset. envpool 1.2.5 resets an env on the step *after* its
+    episode ended (action ignored, reward 0): resetting at once keeps the dead step out of the batch (one call more)."""
     obs, reward, terminated, truncated, _ = envs.step(action)
     done = terminated | truncated
     if done.any():
@@ -172,12 +189,11 @@ def env_step(envs, action: np.ndarray):
 
 
 class Normalizer:
-    """CleanRL's NormalizeObservation + clip and NormalizeReward + clip, for all envs at once (one set of statistics,
-    updated with every env's values each step), each env's discounted return restarting from 0 when its episode ends
-    by termination or time limit (gymnasium's resets it only on termination, so on HalfCheetah never). The statistics
-    (mean, population variance, count; starting like gymnasium's at 0, 1, 1e-4) are float64 tensors on the policy's
-    device, updated in place: compiled code and CUDA graphs keep reading the same storage. The discounted returns
-    accumulate on the host, in the rollout, where the rewards arrive."""
+    """CleanRL's NormalizeObservation + clip and NormalizeReward + clip for all envs at once (one set of statistics fed
+    every env's values each step), each env's discounted return restarting at 0 when its episode ends by termination or
+    time limit (gymnasium's: only on termination, so on HalfCheetah never). The statistics (mean, population variance,
+    count; from gymnasium's 0, 1, 1e-4) are float64 tensors on the policy's device, updated in place so compiled code
+    and CUDA graphs keep reading the same storage; the discounted returns accumulate on the host, in the rollout."""
 
     def __init__(self, num_envs: int, obs_dim: int, gamma: float, device, clip: float = 10.0, eps: float = 1e-8):
         f64 = dict(dtype=torch.float64, device=device)
@@ -188,8 +204,7 @@ class Normalizer:
         self.gamma, self.clip, self.eps = gamma, clip, eps
 
     def obs(self, obs):
-        """Merge the observations the agent is about to see into the statistics (Chan et al.'s parallel update), then
-        normalize them (float32)."""
+        """Merge the obs the agent is about to see into the statistics (Chan et al.'s parallel update); normalize."""
         s, n = self.obs_rms, obs.shape[0]
         delta, total = obs.mean(0) - s.mean, s.count + n
         s.var.copy_((s.var * s.count + obs.var(0, unbiased=False) * n + delta**2 * s.count * n / total) / total)
@@ -250,20 +265,10 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 class Agent(nn.Module):
     def __init__(self, n_obs: int, n_actions: int):
         super().__init__()
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(n_obs, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0),
-        )
-        self.actor_mean = nn.Sequential(
-            layer_init(nn.Linear(n_obs, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, n_actions), std=0.01),
-        )
+        self.critic = nn.Sequential(layer_init(nn.Linear(n_obs, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)),
+                                    nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0))
+        self.actor_mean = nn.Sequential(layer_init(nn.Linear(n_obs, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)),
+                                        nn.Tanh(), layer_init(nn.Linear(64, n_actions), std=0.01))
         self.actor_logstd = nn.Parameter(torch.zeros(1, n_actions))
 
     def get_value(self, x):
@@ -278,8 +283,7 @@ class Agent(nn.Module):
         return self.actor_mean(x) + noise
 
     def forward(self, x, action):
-        """Log-probability and entropy of `action` under the diagonal Gaussian, and the state value: what the loss
-        needs, written out (torch.distributions.Normal's formulas, without building the object)."""
+        """Log-prob and entropy of `action` under the diagonal Gaussian (Normal's formulas, no object); the value."""
         mean = self.actor_mean(x)
         logstd = self.actor_logstd.expand_as(mean)
         logprob = (-0.5 * ((action - mean) / logstd.exp()) ** 2 - logstd - 0.5 * math.log(2 * math.pi)).sum(-1)
@@ -293,8 +297,7 @@ def rollout(envs, policy, normalize, normalizer, next_obs, next_done, buf, stats
     num_steps, device = buf["obs"].shape[0], buf["obs"].device
     dones, rewards = np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
     returns = np.empty(buf["rewards"].shape)
-    obs, actions = [], []
-    t_env = t_policy = 0.0
+    obs, actions, t_env, t_policy = [], [], 0.0, 0.0
     for step in range(num_steps):
         obs.append(next_obs)
         dones[step] = next_done
@@ -371,8 +374,7 @@ def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, retur
 
 
 def make_optimizer(agent, lr, capturable: bool):
-    """torch.optim.Adam owns the state (and its state_dict the checkpoint); `update` applies its functional form,
-    so the state is created here rather than lazily on a first optimizer.step()."""
+    """Adam's state, made here, not on a first step(): `update` applies Adam's functional form to it."""
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=capturable)
     for p in agent.parameters():
         step = torch.zeros((), device=p.device if capturable else "cpu")
@@ -381,8 +383,7 @@ def make_optimizer(agent, lr, capturable: bool):
 
 
 def make_units(n_obs: int, n_actions: int, args, device):
-    """The agent, its training state (optimizer, lr, normalizer) and the units the loop calls, compiled with --compile,
-    in CUDA graphs with --cudagraphs. The rollout acts with an inference copy of the agent: same storage, no grad."""
+    """The agent, optimizer, lr, normalizer, units; the rollout acts with an inference copy (same storage, no grad)."""
     agent, agent_inference = Agent(n_obs, n_actions).to(device), Agent(n_obs, n_actions).to(device)
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     normalizer = Normalizer(args.num_envs, n_obs, args.gamma, device)
@@ -393,9 +394,9 @@ def make_units(n_obs: int, n_actions: int, args, device):
                         evaluate=agent_inference.forward, get_value=agent_inference.get_value,
                         update=functools.partial(update, agent, optimizer, lr, args))
     if args.compile:
-        # on a CPU only what pays back its compile time: the per-step normalizer (~80 -> ~40 us) and the 320 updates an
-        # iteration; the policy step is slower compiled (~90 vs ~45 us), evaluate/get_value run once (save < 1 ms).
-        # Default options: on CUDA max_autotune autotunes Triton GEMMs for minutes on tiny layers (CPU: not measured)
+        # CPU: only what repays its compile, the per-step normalizer (~80 -> ~40 us) and 320 updates an iteration;
+        # policy is slower compiled (~90 vs ~45 us), evaluate/get_value run once (save < 1 ms). Default options: on CUDA
+        # max_autotune autotunes Triton GEMMs for minutes on tiny layers (CPU: not measured)
         cuda_only = ("policy", "evaluate", "get_value") if device.type == "cuda" else ()
         for name in cuda_only + ("normalize", "update"):
             setattr(u, name, torch.compile(getattr(u, name)))
@@ -407,9 +408,8 @@ def make_units(n_obs: int, n_actions: int, args, device):
 
 def machine_info(device: torch.device) -> dict:
     cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
 
@@ -436,23 +436,27 @@ class StopFlag:
 def load_checkpoint(args: Args) -> dict:
     """Agent, optimizer, normalizer statistics, RNGs, iteration and step count. envpool cannot snapshot the
     simulators, so a resumed run starts new episodes (with a fresh seed); the normalizer carries on."""
+    if not os.path.isfile(args.resume):
+        fail(f"--resume {args.resume}: no such file")
+    script = os.path.basename(__file__)[: -len(".py")]
     try:
         ckpt = torch.load(args.resume, weights_only=True)
+        written_by, trained = ckpt.get("script", script), ckpt["args"]  # no "script": written before it was stored
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
+    if written_by != script:
+        fail(f"--resume {args.resume} was written by {written_by}.py; resume it with that script")
     for key in ("env_id", "num_envs", "num_steps"):
-        if ckpt["args"][key] != getattr(args, key):
-            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
+        if trained.get(key) != getattr(args, key):
+            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {trained.get(key)}; pass the same")
     return ckpt
 
 
 def main(args: Args):
-    check_args(args)
+    ckpt = check_args(args)
     args.batch_size = args.num_envs * args.num_steps
     args.num_iterations = args.total_timesteps // args.batch_size
-    script = os.path.basename(__file__)[: -len(".py")]
-    log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
-    os.makedirs(log_dir, exist_ok=True)
+    script, log_dir = os.path.basename(__file__)[: -len(".py")], args.log_dir
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -462,7 +466,6 @@ def main(args: Args):
         print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
         args.cudagraphs = False
 
-    ckpt = load_checkpoint(args) if args.resume else None
     envs = envpool.make(args.env_id, env_type="gymnasium", num_envs=args.num_envs,
                         seed=args.seed + (ckpt["global_step"] if ckpt else 0))  # a resumed run: new episodes
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
@@ -486,18 +489,9 @@ def main(args: Args):
         stats.returns.extend(ckpt["returns"].tolist())
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
 
-    def checkpoint(iteration):
-        path = os.path.join(log_dir, "agent.pt")
-        torch.save(dict(agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(),
-                        normalizer=u.normalizer.state_dict(), args=asdict(args), iteration=iteration,
-                        global_step=global_step, rng=rng.get_state(),
-                        returns=torch.tensor(list(stats.returns), dtype=torch.float64)), path + ".tmp")
-        os.replace(path + ".tmp", path)  # atomic: a crash mid-write never leaves a truncated agent.pt
-
     run = None
     if args.track:
         import wandb
-
         run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
                          name=os.path.basename(log_dir), dir=log_dir, save_code=True)
     metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
@@ -543,8 +537,7 @@ def main(args: Args):
                     break
             t_update = time.perf_counter() - t0
 
-            # steady-state fps: whole iterations after the burn-in
-            now = time.perf_counter()
+            now = time.perf_counter()  # steady-state fps: whole iterations after the burn-in
             iter_times.append(now - t_iter)
             if iteration - start_iteration + 1 == args.measure_burnin:
                 measure_from = (now, global_step)
@@ -575,7 +568,12 @@ def main(args: Args):
         metrics.close()
         envs.close()
     if args.save_model and not forced and iteration >= start_iteration:
-        checkpoint(iteration)
+        path = os.path.join(log_dir, "agent.pt")
+        torch.save(dict(script=script, agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(),
+                        normalizer=u.normalizer.state_dict(), args=asdict(args), iteration=iteration,
+                        global_step=global_step, rng=rng.get_state(),
+                        returns=torch.tensor(list(stats.returns), dtype=torch.float64)), path + ".tmp")
+        os.replace(path + ".tmp", path)  # atomic: a crash mid-write never leaves a truncated agent.pt
 
     steady = iter_times[args.measure_burnin:]
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
