@@ -11,6 +11,7 @@ dqn_torchcompile.py is measured against.
 import contextlib
 import io
 import json
+import math
 import os
 import platform
 import signal
@@ -119,21 +120,22 @@ def check_env_id(env_id: str):
     if spec is not None and "classic_control" in str(spec.entry_point):
         if isinstance(gym.make(env_id).action_space, gym.spaces.Discrete):
             return
-        fail(f"{env_id} has continuous actions; DQN needs discrete actions (e.g. CartPole-v1)")
+        fail(f"--env-id {env_id} has continuous actions; DQN needs discrete actions (e.g. CartPole-v1)")
     import envpool.registration  # knows the Atari and MuJoCo ids, to point at the right script
 
     family = envpool.registration.registry.specs.get(env_id, ("",))[0]
     if "atari" in family:
-        fail(f"{env_id} is an Atari game; use leanrl/dqn_atari_envpool.py")
+        fail(f"--env-id {env_id} is an Atari game; use leanrl/dqn_atari_envpool.py")
     if spec is not None and "mujoco" in str(spec.entry_point) or "mujoco" in family:
-        fail(f"{env_id} is a MuJoCo task with continuous actions; DQN needs discrete actions (e.g. CartPole-v1)")
+        fail(f"--env-id {env_id} is a MuJoCo task with continuous actions; DQN needs discrete actions (e.g. CartPole-v1)")
     known = [k for k, s in gym.registry.items() if "classic_control" in str(s.entry_point)]
-    fail(f"unknown env id {env_id!r}; discrete classic-control ids: {', '.join(sorted(known))}")
+    fail(f"--env-id {env_id!r}: unknown env id; discrete classic-control ids: {', '.join(sorted(known))}")
 
 
 def check_args(args: Args):
     rules = [(("total_timesteps", "learning_rate", "buffer_size", "target_network_frequency", "batch_size",
-               "train_frequency", "log_every", "num_threads"), lambda x: x > 0, "positive"),
+               "train_frequency", "log_every", "num_threads"), lambda x: 0 < x < math.inf, "positive and finite"),
+             (("seed",), lambda x: 0 <= x < 2**31, "in [0, 2**31)"),
              (("learning_starts", "measure_burnin"), lambda x: x >= 0, ">= 0"),
              (("gamma", "tau", "exploration_fraction"), lambda x: 0 < x <= 1, "in (0, 1]"),
              (("start_e", "end_e"), lambda x: 0 <= x <= 1, "a probability, in [0, 1]")]
@@ -145,10 +147,14 @@ def check_args(args: Args):
         fail(f"--num-envs must be 1 (this DQN steps one env, as CleanRL's does), got {args.num_envs}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    if args.end_e > args.start_e:
+        fail(f"--end-e {args.end_e} must not exceed --start-e {args.start_e}: epsilon anneals down")
     if args.learning_starts >= args.total_timesteps:
         fail(f"--learning-starts {args.learning_starts} must be less than --total-timesteps {args.total_timesteps}")
     if args.resume and not os.path.isfile(args.resume):
         fail(f"--resume {args.resume}: no such file")
+    if args.resume:  # a checkpoint of another script or run is refused now, before any work
+        load_checkpoint(args, os.path.basename(__file__)[: -len(".py")])
     if args.log_dir is not None:
         with contextlib.suppress(OSError):
             os.makedirs(args.log_dir, exist_ok=True)

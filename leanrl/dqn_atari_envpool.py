@@ -11,6 +11,7 @@ at a time, one autograd step per update. It is the yardstick dqn_atari_envpool_t
 import contextlib
 import io
 import json
+import math
 import os
 import platform
 import signal
@@ -119,15 +120,16 @@ def check_env_id(env_id: str):
     if "atari" in family:
         return
     if "classic_control" in family:
-        fail(f"{env_id} is a classic-control task; use leanrl/dqn.py")
+        fail(f"--env-id {env_id} is a classic-control task; use leanrl/dqn.py")
     if "mujoco" in family:
-        fail(f"{env_id} is a MuJoCo task with continuous actions; DQN needs discrete actions (e.g. Breakout-v5)")
-    fail(f"unknown env id {env_id!r}; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
+        fail(f"--env-id {env_id} is a MuJoCo task with continuous actions; DQN needs discrete actions (e.g. Breakout-v5)")
+    fail(f"--env-id {env_id!r}: unknown env id; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
 
 
 def check_args(args: Args):
     rules = [(("total_timesteps", "learning_rate", "buffer_size", "target_network_frequency", "batch_size",
-               "train_frequency", "log_every", "num_threads"), lambda x: x > 0, "positive"),
+               "train_frequency", "log_every", "num_threads"), lambda x: 0 < x < math.inf, "positive and finite"),
+             (("seed",), lambda x: 0 <= x < 2**31, "in [0, 2**31)"),
              (("learning_starts", "measure_burnin"), lambda x: x >= 0, ">= 0"),
              (("gamma", "tau", "exploration_fraction"), lambda x: 0 < x <= 1, "in (0, 1]"),
              (("start_e", "end_e"), lambda x: 0 <= x <= 1, "a probability, in [0, 1]")]
@@ -139,10 +141,14 @@ def check_args(args: Args):
         fail(f"--num-envs must be 1 (this DQN steps one env, as CleanRL's does), got {args.num_envs}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+    if args.end_e > args.start_e:
+        fail(f"--end-e {args.end_e} must not exceed --start-e {args.start_e}: epsilon anneals down")
     if args.learning_starts >= args.total_timesteps:
         fail(f"--learning-starts {args.learning_starts} must be less than --total-timesteps {args.total_timesteps}")
     if args.resume and not os.path.isfile(args.resume):
         fail(f"--resume {args.resume}: no such file")
+    if args.resume:  # a checkpoint of another script or run is refused now, before any work
+        load_checkpoint(args, os.path.basename(__file__)[: -len(".py")])
     if args.log_dir is not None:
         with contextlib.suppress(OSError):
             os.makedirs(args.log_dir, exist_ok=True)

@@ -178,7 +178,7 @@ def check_args(args: Args) -> Optional[dict]:
         need(0 <= getattr(args, name) < math.inf, name, "non-negative and finite")
     for name in ("gamma", "gae_lambda"):
         need(0 < getattr(args, name) <= 1, name, "in (0, 1]")
-    need(0 <= args.seed < 2**32, "seed", "in [0, 2**32)")
+    need(0 <= args.seed < 2**31, "seed", "in [0, 2**31)")
     need(args.measure_burnin >= 0, "measure_burnin", "non-negative")
     need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
     if (args.compile_async or args.compile_cache_only) and not args.compile:

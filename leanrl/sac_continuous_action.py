@@ -13,6 +13,7 @@ SAC has none). It is the yardstick `sac_continuous_action_torchcompile.py` is me
 import contextlib
 import io
 import json
+import math
 import os
 import platform
 import signal
@@ -128,11 +129,13 @@ def check_env_id(env_id: str):
 def check_args(args: Args):
     for name in ("total_timesteps", "buffer_size", "batch_size", "policy_frequency", "target_network_frequency",
                  "log_every", "num_threads", "policy_lr", "q_lr", "alpha"):
-        if not getattr(args, name) > 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+        if not 0 < getattr(args, name) < math.inf:  # NaN fails too
+            fail(f"--{name.replace('_', '-')} must be positive and finite, got {getattr(args, name)}")
     for name in ("learning_starts", "measure_burnin", "seed"):
-        if not getattr(args, name) >= 0:
-            fail(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+        if not 0 <= getattr(args, name) < math.inf:
+            fail(f"--{name.replace('_', '-')} must be >= 0 and finite, got {getattr(args, name)}")
+    if args.seed >= 2**31:
+        fail(f"--seed must be below 2**31 (envpool's seeds are int32), got {args.seed}")
     for name in ("gamma", "tau"):
         if not 0 < getattr(args, name) <= 1:
             fail(f"--{name} must be in (0, 1], got {getattr(args, name)}")
@@ -146,6 +149,8 @@ def check_args(args: Args):
         fail("--capture-video is not supported: envpool renders no frames")
     if args.resume and not os.path.isfile(args.resume):
         fail(f"--resume {args.resume}: no such file")
+    if args.resume:  # a checkpoint of another script or run is refused now, before any work
+        load_checkpoint(args, os.path.basename(__file__)[: -len(".py")])
     with contextlib.suppress(OSError):
         os.makedirs(args.log_dir or ".", exist_ok=True)
     if not (os.path.isdir(args.log_dir or ".") and os.access(args.log_dir or ".", os.W_OK)):
@@ -293,9 +298,10 @@ def load_checkpoint(args: Args, script: str) -> dict:
         ckpt = torch.load(args.resume, weights_only=True)
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
-    if not isinstance(ckpt, dict) or ckpt.get("script") != script:
-        writer = ckpt.get("script", "an unknown script") if isinstance(ckpt, dict) else "an unknown script"
-        fail(f"--resume {args.resume} was written by {writer}, not {script}")
+    if not isinstance(ckpt, dict) or "script" not in ckpt:
+        fail(f"--resume {args.resume}: not a checkpoint this script wrote")
+    if ckpt["script"] != script:
+        fail(f"--resume {args.resume} was written by {ckpt['script']}.py; resume it with that script")
     if ckpt["args"]["env_id"] != args.env_id:
         fail(f"--resume {args.resume} was trained with --env-id {ckpt['args']['env_id']}; pass the same")
     return ckpt

@@ -26,7 +26,7 @@ SCRIPTS = sorted(p.stem for p in (ROOT / "leanrl").glob("*.py") if re.match(r"(p
 # (name pattern, lower bound, lower bound included, upper bound, upper bound included): the first match wins
 INF = math.inf
 RANGES = [
-    (r"^seed$", 0, True, 2**32 - 1, True),  # numpy's and the envs' seeds
+    (r"^seed$", 0, True, 2**31 - 1, True),  # envpool's seeds are int32
     (r"^(gamma|gae_lambda|tau)$", 0, False, 1, True),
     (r"ratio$", 0, True, 1, False),
     (r"^(start_e|end_e)$", 0, True, 1, True),
