@@ -12,11 +12,16 @@ import pytest
 import torch
 
 from conftest import ROOT, SMOKE, read_metrics, read_summary, run_script
+from test_dqn import TINY as DQN
+from test_dqn_atari_envpool import TINY as DQN_ATARI
+from test_sac_continuous_action import TINY as SAC
+from test_td3_continuous_action import TINY as TD3
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 TORCHCOMPILE = sorted(p.name for p in (ROOT / "leanrl").glob("*_torchcompile.py"))
-BUDGET = {"ppo": SMOKE}  # per algorithm: the smallest run that calls every unit
+# per family, the smallest run that calls every unit: each test module's own (dqn_atari before dqn: prefixes)
+BUDGET = {"ppo": SMOKE, "sac": SAC, "td3": TD3, "dqn_atari": DQN_ATARI, "dqn": DQN}
 PRUNE_TWICE = ("--prune-ratio", "0.5", "--prune-start", "2", "--prune-every", "1", "--prune-steps", "2",
                "--prune-importance", "random")
 
@@ -27,7 +32,8 @@ def losses(row: dict) -> dict:
 
 @pytest.mark.parametrize("script", TORCHCOMPILE)
 def test_compile_cudagraphs_matches_eager_on_cuda(script, tmp_path):
-    flags = [*BUDGET[script.split("_")[0]], "--seed", "1", *(PRUNE_TWICE if "pruned" in script else ())]
+    budget = next(flags for family, flags in BUDGET.items() if script.startswith(family))
+    flags = [*budget, "--seed", "1", *(PRUNE_TWICE if "pruned" in script else ())]
     run_script(script, *flags, log_dir=tmp_path / "eager", timeout=600)
     proc = run_script(script, *flags, "--compile", "--cudagraphs", log_dir=tmp_path / "graphs", timeout=900)
     assert "--cudagraphs ignored" not in proc.stderr
