@@ -237,4 +237,4 @@ def test_checkpoint_of_the_other_script_is_named(smoke, tmp_path):
     _, first = smoke["td3_continuous_action.py"]
     proc = run_script("td3_continuous_action_torchcompile.py", *TINY, "--resume", str(first / "agent.pt"),
                       log_dir=tmp_path / "run", check=False)
-    assert_user_error(proc, "--resume", "written by td3_continuous_action,")
+    assert_user_error(proc, "--resume", "written by td3_continuous_action.py")
