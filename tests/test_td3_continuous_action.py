@@ -157,29 +157,6 @@ def test_compiled_units_equal_eager(base, tc):
     assert action.abs().max() == 1.0
 
 
-@pytest.mark.parametrize("script", ["td3_continuous_action", "td3_continuous_action_torchcompile"])
-def test_buffer_wraps_and_samples_only_what_was_written(script, base, tc):
-    m = base if script == "td3_continuous_action" else tc
-    rb = m.ReplayBuffer(5, 2, 1, torch.device("cpu"))
-    rows = [np.array([i, i, -i, -i, 0.5 * i, i, i % 2], np.float32) for i in range(1, 8)]
-    for i, row in enumerate(rows):
-        if m is tc:
-            rb.add(row)
-        else:
-            rb.add(*(torch.tensor(x) for x in (row[:2], row[2:4], row[4:5], row[5], row[6])))
-        if i == 1:  # 2 of 5 written: a batch holds only those two
-            batch = rb.sample(64, torch.Generator().manual_seed(0))
-            assert set(batch["obs"][:, 0].tolist()) == {1.0, 2.0}
-            assert batch["obs"].device.type == "cpu" and batch["rewards"].shape == (64,)
-    assert rb.filled == 5 and rb.pos == 2
-    assert rb.data["obs"][:, 0].tolist() == [6, 7, 3, 4, 5]  # 6 and 7 overwrote the oldest
-    assert rb.data["next_obs"][:, 0].tolist() == [-6, -7, -3, -4, -5]
-    assert rb.data["terminations"].tolist() == [0, 1, 1, 0, 1] and rb.data["rewards"].tolist() == [6, 7, 3, 4, 5]
-    batch = rb.sample(256, torch.Generator().manual_seed(1))
-    assert set(batch["obs"][:, 0].tolist()) == {3.0, 4.0, 5.0, 6.0, 7.0}
-    torch.testing.assert_close(batch["actions"][:, 0], batch["obs"][:, 0] * 0.5)  # rows stay whole
-
-
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_resume_continues(smoke, script, tmp_path):
     """--resume restores networks and optimizers, and continues the step count; the empty buffer refills for
