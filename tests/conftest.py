@@ -29,8 +29,8 @@ def process_tree(pid: int) -> list:
 class Child:
     """A command started as a subprocess the way every test here starts one. Its stdout and stderr go to files next
     to the run (a pipe that nobody reads fills at 64 KiB and blocks the child mid-write), it leads a process group of
-    its own (a kill reaches torchrun's ranks and Inductor's compile workers too), and every wait has a deadline after
-    which the whole group gets SIGKILL and the test fails saying what it was waiting for."""
+    its own, and every wait has a deadline after which the child, its descendants (torchrun's ranks, in sessions of
+    their own) and its group get SIGKILL and the test fails saying what it was waiting for."""
 
     started = []  # every child of this test process, killed at the end of each test (see the autouse fixture)
 
