@@ -79,6 +79,8 @@ family() {  # family baseline torchcompile [quantized pruned ddp]: the configura
     if [ -n "$ddp" ] && [ "$CORES" -ge 2 ]; then
       run "$f" 08-ddp2 "$seed" python -m torch.distributed.run --standalone --nproc-per-node 2 "$ddp" $COMPILE
     fi
+    # the PPO families' ceiling: their envs stepped with random actions and no policy (leanrl/bench_env.py)
+    case $f in classic|atari|mujoco) run "$f" 09-env-alone "$seed" python leanrl/bench_env.py --family "$f" ;; esac
   done
 }
 

@@ -92,6 +92,11 @@ def column_name(config: str) -> str:
     return config.split("-", 1)[-1]
 
 
+def is_env_alone(config: str) -> bool:
+    """bench_env.py's runs: the envs with random actions, a ceiling to measure against and no contender."""
+    return column_name(config) == "env-alone"
+
+
 def fmt(x, spec=",.0f"):
     return "-" if x is None else format(x, spec)
 
@@ -110,10 +115,12 @@ def headline(data: dict, columns: list) -> list:
         for column in columns:
             c = configs.get(column)
             cells.append("not run" if c is None else f"skipped: {c.skipped}" if c.skipped else fmt(c.median_fps))
-        measured = {name: c.median_fps for name, c in configs.items() if c.median_fps}
+        measured = {name: c.median_fps for name, c in configs.items() if c.median_fps and not is_env_alone(name)}
         base = measured.get(columns[0]) if columns[0] in configs else None
         best = max(measured, key=measured.get, default=None)
-        cells.append(f"{measured[best] / base:.2f}x (`{column_name(best)}`)" if base and best else "-")
+        ceiling = next((c.median_fps for name, c in configs.items() if is_env_alone(name) and c.median_fps), None)
+        cells.append((f"{measured[best] / base:.2f}x (`{column_name(best)}`)" if base and best else "-")
+                     + (f", {measured[best] / ceiling:.0%} of `env-alone`" if best and ceiling else ""))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

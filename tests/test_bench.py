@@ -1,8 +1,9 @@
-"""The benchmark tools: bench_inference.py (the policy networks under each configuration) and eval_compressed.py
-(post-training compression of a trained agent). Tiny settings: the tables' numbers are not checked, their
-structure, the compressed agents' actions and the sizes are."""
+"""The benchmark tools: bench_inference.py (the policy networks under each configuration), eval_compressed.py
+(post-training compression of a trained agent) and bench_env.py (the envs alone). Tiny settings: the tables' numbers
+are not checked, their structure, the compressed agents' actions and the sizes are."""
 
 import io
+import json
 import re
 import sys
 
@@ -207,3 +208,28 @@ def test_eval_compressed_bad_input(checkpoint, tmp_path):
     assert_user_error(run_tool("eval_compressed.py", str(checkpoint), "--env-id", "Breakout-v5"), "Breakout-v5")
     assert_user_error(run_tool("eval_compressed.py", str(checkpoint), "--episodes", "0"), "--episodes")
     assert_user_error(run_tool("eval_compressed.py"), "missing", "agent.pt")
+
+
+@pytest.mark.parametrize("family,env_id,num_envs", [("classic", "CartPole-v1", 4), ("atari", "Breakout-v5", 8),
+                                                    ("mujoco", "HalfCheetah-v4", 1)])
+def test_bench_env_writes_a_run(family, env_id, num_envs, tmp_path):
+    """The family's default env and env count, one metrics line an iteration, fps only after the burn-in."""
+    proc = run_tool("bench_env.py", "--family", family, "--num-steps", "16", "--total-timesteps", str(64 * num_envs),
+                    "--log-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["env_id"], summary["flags"]["num_envs"], summary["global_step"]) == (env_id, num_envs, 64 * num_envs)
+    assert summary["fps"] > 0 and summary["final_return"] is None
+    rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["global_step"] for r in rows] == [16 * num_envs * i for i in range(1, 5)]
+    assert [r["fps"] is None for r in rows] == [True, True, False, False]  # --measure-burnin 2
+
+
+@pytest.mark.parametrize("flags,words", [
+    (("--family", "atari", "--env-id", "HalfCheetah-v4"), ("HalfCheetah-v4", "atari")),
+    (("--family", "classic", "--env-id", "NoSuchEnv-v0"), ("NoSuchEnv-v0",)),
+    (("--num-envs", "0"), ("--num-envs",)),
+    (("--total-timesteps", "10"), ("--total-timesteps", "iteration")),
+])
+def test_bench_env_bad_input(flags, words):
+    assert_user_error(run_tool("bench_env.py", *flags), *words)

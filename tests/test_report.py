@@ -15,7 +15,8 @@ def fake_run(path, env_id, steps, fps, final, compile_time=None):
     summary = {"env_id": env_id, "total_timesteps": steps, "fps": fps, "final_return": final, "cpu": "Test CPU (2 cores)",
                "gpu": None, "torch": "2.13.0+cpu", "compile_time": compile_time}
     (path / "summary.json").write_text(json.dumps(summary))
-    rows = [dict(ROW, global_step=steps // 2, episodic_return=final / 2), dict(ROW, global_step=steps, episodic_return=final)]
+    rows = [dict(ROW, global_step=steps // 2, episodic_return=final and final / 2),
+            dict(ROW, global_step=steps, episodic_return=final)]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -28,6 +29,7 @@ def test_report_on_synthetic_runs(tmp_path):
     for seed, (fps_base, fps_comp, final) in enumerate([(100, 400, 10.0), (200, 500, 20.0), (300, 600, 30.0)]):
         fake_run(runs / "classic/01-baseline" / str(seed), "CartPole-v1", 1000, fps_base, final)
         fake_run(runs / "classic/03-compile" / str(seed), "CartPole-v1", 1000, fps_comp, final + 1, compile_time=5.0)
+        fake_run(runs / "classic/09-env-alone" / str(seed), "CartPole-v1", 1000, 2 * fps_comp, None)
     (runs / "classic/04-compile-cudagraphs").mkdir()
     (runs / "classic/04-compile-cudagraphs/SKIPPED").write_text("no CUDA device\n")
     fake_run(runs / "atari/01-baseline/1", "Breakout-v5", 2048, 50, 2.0)
@@ -36,11 +38,14 @@ def test_report_on_synthetic_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     text = (tmp_path / "doc/fps_table.md").read_text()
     lines = text.splitlines()
-    assert "| family (env, steps per run) | `baseline` | `compile` | `compile-cudagraphs` | fastest vs baseline |" in lines
-    assert "| atari (Breakout-v5, 2,048) | 60 | not run | not run | 1.00x (`baseline`) |" in lines
-    assert "| classic (CartPole-v1, 1,000) | 200 | 500 | skipped: no CUDA device | 2.50x (`compile`) |" in lines
-    assert "| atari | 3.0 ± 1.4 (n=2) | - | - |" in lines
-    assert "| classic | 20.0 ± 10.0 (n=3) | 21.0 ± 10.0 (n=3) | - |" in lines
+    assert ("| family (env, steps per run) | `baseline` | `compile` | `compile-cudagraphs` | `env-alone` "
+            "| fastest vs baseline |") in lines
+    assert "| atari (Breakout-v5, 2,048) | 60 | not run | not run | not run | 1.00x (`baseline`) |" in lines
+    # the env alone is the ceiling, not the fastest configuration
+    assert ("| classic (CartPole-v1, 1,000) | 200 | 500 | skipped: no CUDA device | 1,000 "
+            "| 2.50x (`compile`), 50% of `env-alone` |") in lines
+    assert "| atari | 3.0 ± 1.4 (n=2) | - | - | - |" in lines
+    assert "| classic | 20.0 ± 10.0 (n=3) | 21.0 ± 10.0 (n=3) | - | - |" in lines
     assert "| `compile` | 3 | 500 (400-600) | 5.0 |" in text  # the detail rows start so; CartPole adds steps to 475
     assert "Test CPU (2 cores), GPU: none, torch 2.13.0+cpu" in text
     for png in ("fps.png", "returns_classic.png", "returns_atari.png"):
