@@ -101,7 +101,7 @@ class Args:
     cudagraphs: bool = False
     """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     host_actor: bool = True
-    """with a CUDA learner, act with a host copy of actor_mean (refreshed after each iteration's updates: a few KB) and
+    """with a CUDA learner, act with a host copy of actor_mean (refreshed after each iteration's updates: ~20 KB) and
     the normalizer on the host: a one-row 64-unit MLP step costs less there than GPU launches. CPU: no copy"""
     measure_burnin: int = 3
     """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
@@ -298,7 +298,7 @@ def host_copy(module: nn.Module, device: torch.device) -> nn.Module:
 
 
 def refresh(acting: nn.Module, learner: nn.Module):
-    """The learner's parameters into its acting copy, in one transfer (a few KB)."""
+    """The learner's parameters into its acting copy, in one transfer (~20 KB)."""
     flat = nn.utils.parameters_to_vector(learner.parameters()).to(next(acting.parameters()).device)
     nn.utils.vector_to_parameters(flat, acting.parameters())  # sets each one's .data: autograd stays out
 

@@ -157,6 +157,12 @@ def linear_tensors(module):
     return [t for m in module.modules() if isinstance(m, torch.nn.Linear) for t in (m.weight, m.bias)]
 
 
+def is_current_copy(acting, learner) -> bool:
+    """`acting` holds `learner`'s parameters, in storage of its own and without autograd."""
+    return all(torch.equal(p, q) and p.data_ptr() != q.data_ptr() and not q.requires_grad
+               for p, q in zip(linear_tensors(learner), linear_tensors(acting), strict=True))
+
+
 def test_inference_copy_shares_storage_without_grad(tc):
     """On a CPU the learner's units and the rollout use the inference copy: the agent's storage, no autograd, nothing
     to refresh (the host copy of --host-actor is for a CUDA learner)."""
@@ -204,21 +210,17 @@ def test_host_copy_acts_as_the_learner_and_refresh_brings_the_updates(tc):
         for _ in range(3):
             u.update(*batch, torch.randperm(512)[:128])
 
-    def same_as_learner(acting):
-        return all(torch.equal(p, q) and p.data_ptr() != q.data_ptr() and not q.requires_grad
-                   for p, q in zip(linear_tensors(agent.actor), linear_tensors(acting), strict=True))
-
     train()
     acting = tc.host_copy(agent.actor, torch.device("cpu"))
     copy_policy = functools.partial(tc.act, acting)
-    assert same_as_learner(acting)
+    assert is_current_copy(acting, agent.actor)
     assert_same_buffers(cartpole_rollout(tc, copy_policy), cartpole_rollout(tc, u.policy))
     train()
     learner = cartpole_rollout(tc, u.policy)
-    assert not same_as_learner(acting)
+    assert not is_current_copy(acting, agent.actor)
     assert_same_buffers(cartpole_rollout(tc, copy_policy), learner, same=False)  # stale: acts otherwise
     tc.refresh(acting, agent.actor)
-    assert same_as_learner(acting)
+    assert is_current_copy(acting, agent.actor)
     assert_same_buffers(cartpole_rollout(tc, copy_policy), learner)
 
 

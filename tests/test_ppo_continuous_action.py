@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import assert_rejected, load_script, read_metrics, read_summary, run_script, smoke_runs
-from test_ppo import numpy_gae
+from test_ppo import assert_same_buffers, is_current_copy, numpy_gae
 
 SCRIPTS = ("ppo_continuous_action.py", "ppo_continuous_action_torchcompile.py")
 ROW_FIELDS = ("iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
@@ -315,28 +315,20 @@ def test_host_copy_acts_as_the_learner_and_refresh_brings_the_updates(tc):
     exactly; after updates a stale copy's rollout differs, and a refreshed one is the learner's again."""
     torch.manual_seed(0)
     u = tc.make_units(17, 6, tc.Args(), torch.device("cpu"))
-    learner_params = [p for m in u.agent.actor_mean if isinstance(m, torch.nn.Linear) for p in (m.weight, m.bias)]
-
-    def same_as_learner(acting):
-        params = [p for m in acting if isinstance(m, torch.nn.Linear) for p in (m.weight, m.bias)]
-        return all(torch.equal(p, q) and p.data_ptr() != q.data_ptr() and not q.requires_grad
-                   for p, q in zip(learner_params, params, strict=True))
-
-    def same(a, b):
-        return all(torch.equal(a[k], b[k]) for k in a)
-
     acting = tc.host_copy(u.agent.actor_mean, torch.device("cpu"))
     copy_policy = functools.partial(tc.act, acting)
-    assert same_as_learner(acting)
-    assert same(cheetah_rollout(tc, copy_policy), cheetah_rollout(tc, u.policy))
+    assert is_current_copy(acting, u.agent.actor_mean)
+    assert_same_buffers(cheetah_rollout(tc, copy_policy), cheetah_rollout(tc, u.policy))
     u.lr.fill_(0.01)  # a few large steps
     batch = random_batch(256)
     for _ in range(3):
         u.update(*batch, torch.randperm(256)[:64])
     learner = cheetah_rollout(tc, u.policy)
-    assert not same_as_learner(acting) and not same(cheetah_rollout(tc, copy_policy), learner)  # stale
+    assert not is_current_copy(acting, u.agent.actor_mean)
+    assert_same_buffers(cheetah_rollout(tc, copy_policy), learner, same=False)  # stale: acts otherwise
     tc.refresh(acting, u.agent.actor_mean)
-    assert same_as_learner(acting) and same(cheetah_rollout(tc, copy_policy), learner)
+    assert is_current_copy(acting, u.agent.actor_mean)
+    assert_same_buffers(cheetah_rollout(tc, copy_policy), learner)
 
 
 DISCRETE = [
