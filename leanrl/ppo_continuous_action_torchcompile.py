@@ -7,13 +7,15 @@ its arithmetic, so the tricks remove machinery (doc/continuous_control.md has th
 samples, with an inference copy of the agent (log-probs and values come after, in one batched forward); env outputs
 are staged in numpy and reach the buffers once an iteration, the reward scaling too; GAE recurses over numpy rows on
 the host; `update` is one compiled graph (torch.func.grad, clipping, torch.optim's functional Adam); lr is a tensor
-changed in place (no recompilation), and once everything has compiled the guards are skipped.
+changed in place (no recompilation), and once everything has compiled the guards are skipped. A CUDA learner acts
+through a host copy of the actor, the normalizer on the host too (--host-actor): a one-row step costs less there.
 
     python leanrl/ppo_continuous_action_torchcompile.py --compile               # CPU or GPU
     python leanrl/ppo_continuous_action_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the units
 """
 
 import contextlib
+import copy
 import functools
 import io
 import json
@@ -97,7 +99,10 @@ class Args:
     compile: bool = False
     """if toggled, wrap the policy, normalize and update units in torch.compile"""
     cudagraphs: bool = False
-    """if toggled, wrap the policy, normalize and update units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
+    """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
+    host_actor: bool = True
+    """with a CUDA learner, act with a host copy of actor_mean (refreshed after each iteration's updates: ~20 KB) and
+    the normalizer on the host: a one-row 64-unit MLP step costs less there than GPU launches. CPU: no copy"""
     measure_burnin: int = 3
     """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
     log_dir: Optional[str] = None
@@ -117,9 +122,8 @@ def fail(message: str):
 
 
 def parse_args() -> Args:
-    err = io.StringIO()
     try:
-        with contextlib.redirect_stderr(err):
+        with contextlib.redirect_stderr(err := io.StringIO()):
             return tyro.cli(Args)
     except SystemExit as e:
         if e.code:  # tyro draws a multi-line box: fold it into the one line a user mistake gets
@@ -133,7 +137,6 @@ def check_args(args: Args) -> Optional[dict]:
     def need(ok: bool, name: str, what: str):
         if not ok:
             fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
-
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
         need(getattr(args, name) > 0, name, "positive")
     for name in ("learning_rate", "clip_coef", "max_grad_norm"):
@@ -183,8 +186,7 @@ def env_step(envs, action: np.ndarray):
     obs, reward, terminated, truncated, _ = envs.step(action)
     done = terminated | truncated
     if done.any():
-        ended = np.flatnonzero(done)
-        obs[ended] = envs.reset(ended)[0]
+        obs[done] = envs.reset(np.flatnonzero(done))[0]
     return obs, reward, done
 
 
@@ -192,9 +194,8 @@ class Normalizer:
     """CleanRL's NormalizeObservation + clip and NormalizeReward + clip for all envs at once (one set of statistics fed
     every env's values each step), each env's discounted return restarting at 0 when its episode ends by termination or
     time limit (gymnasium's: only on termination, so on HalfCheetah never). The statistics (mean, population variance,
-    count; from gymnasium's 0, 1, 1e-4) are float64 tensors on the policy's device, updated in place so compiled code
+    count; from gymnasium's 0, 1, 1e-4) are float64 tensors where the rollout acts, updated in place so compiled code
     and CUDA graphs keep reading the same storage; the discounted returns accumulate on the host, in the rollout."""
-
     def __init__(self, num_envs: int, obs_dim: int, gamma: float, device, clip: float = 10.0, eps: float = 1e-8):
         f64 = dict(dtype=torch.float64, device=device)
         # count of shape (1,): torch 2.13's compiled code drops in-place writes to a 0-dim tensor read from an object
@@ -242,7 +243,6 @@ class Normalizer:
 
 class EpisodeStats:
     """Episode returns from the raw rewards: the returns logged are the real, unnormalized ones."""
-
     def __init__(self, num_envs: int, window: int = 20):
         self.ret, self.returns = np.zeros(num_envs), deque(maxlen=window)
 
@@ -278,10 +278,6 @@ class Agent(nn.Module):
         """A rollout's exploration noise, std * N(0, 1), in one call: the parameters are fixed during a rollout."""
         return self.actor_logstd.exp() * torch.randn(shape, device=self.actor_logstd.device, generator=rng)
 
-    def act(self, x, noise):
-        """One rollout step, a sample of Normal(mean, std), nothing else: log-probs and values come afterwards."""
-        return self.actor_mean(x) + noise
-
     def forward(self, x, action):
         """Log-prob and entropy of `action` under the diagonal Gaussian (Normal's formulas, no object); the value."""
         mean = self.actor_mean(x)
@@ -291,32 +287,45 @@ class Agent(nn.Module):
         return logprob, entropy, self.critic(x).squeeze(-1)
 
 
+def act(actor_mean, x, noise):
+    """One rollout step, a sample of Normal(mean, std), nothing else: log-probs and values come afterwards."""
+    return actor_mean(x) + noise
+
+
+def host_copy(module: nn.Module, device: torch.device) -> nn.Module:
+    """A copy of `module` on `device` to act with: storage of its own, no autograd; `refresh` keeps it current."""
+    return copy.deepcopy(module).requires_grad_(False).to(device)
+
+
+def refresh(acting: nn.Module, learner: nn.Module):
+    """The learner's parameters into its acting copy, in one transfer (~20 KB)."""
+    flat = nn.utils.parameters_to_vector(learner.parameters()).to(next(acting.parameters()).device)
+    nn.utils.vector_to_parameters(flat, acting.parameters())  # sets each one's .data: autograd stays out
+
+
 def rollout(envs, policy, normalize, normalizer, next_obs, next_done, buf, stats, noise, action_bounds):
-    """num_steps steps of every env into `buf`; returns the last (normalized) obs and done, and the time split. Env
-    outputs are staged in numpy, obs and actions in lists, each reaching `buf` in one copy an iteration."""
-    num_steps, device = buf["obs"].shape[0], buf["obs"].device
+    """num_steps steps of every env into `buf`, acting where `next_obs` and `noise` are; returns the last (normalized)
+    obs and done, and the time split. Staged in numpy (obs in a list), each field reaches `buf` in one copy."""
+    num_steps, device = buf["obs"].shape[0], next_obs.device
     dones, rewards = np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
-    returns = np.empty(buf["rewards"].shape)
-    obs, actions, t_env, t_policy = [], [], 0.0, 0.0
+    returns, actions = np.empty(buf["rewards"].shape), np.empty(buf["actions"].shape, np.float32)
+    obs, t_env, t_policy = [], 0.0, 0.0
     for step in range(num_steps):
         obs.append(next_obs)
         dones[step] = next_done
         t0 = time.perf_counter()
-        action = policy(next_obs, noise[step])
-        actions.append(action)
+        actions[step] = policy(next_obs, noise[step]).cpu().numpy()
         t1 = time.perf_counter()
-        raw_obs, reward, next_done = env_step(envs, np.clip(action.cpu().numpy(), *action_bounds))
+        raw_obs, reward, next_done = env_step(envs, np.clip(actions[step], *action_bounds))
         t2 = time.perf_counter()
         next_obs = normalize(torch.from_numpy(raw_obs).to(device, non_blocking=True))
-        t_env += t2 - t1
-        t_policy += t1 - t0 + time.perf_counter() - t2
-        rewards[step] = reward
-        returns[step] = normalizer.discounted_return(reward, next_done)
+        t_env, t_policy = t_env + t2 - t1, t_policy + t1 - t0 + time.perf_counter() - t2
+        rewards[step], returns[step] = reward, normalizer.discounted_return(reward, next_done)
         stats.step(reward, next_done)
+    buf["obs"].copy_(torch.stack(obs), non_blocking=True)
+    buf["actions"].copy_(torch.from_numpy(actions), non_blocking=True)
     buf["dones"].copy_(torch.from_numpy(dones), non_blocking=True)
     buf["rewards"].copy_(normalizer.rewards(torch.from_numpy(rewards).to(device), torch.from_numpy(returns).to(device)))
-    torch.stack(obs, out=buf["obs"])
-    torch.stack(actions, out=buf["actions"])
     return next_obs, next_done, t_env, t_policy
 
 
@@ -327,8 +336,7 @@ def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda:
     nextvalues = torch.cat([values[1:], next_value.unsqueeze(0)])
     deltas = (rewards + gamma * nextvalues * nextnonterminal - values).cpu().numpy()
     discounts = (gamma * gae_lambda * nextnonterminal).cpu().numpy()
-    advantages = np.empty_like(deltas)
-    lastgaelam = np.zeros_like(deltas[0])
+    advantages, lastgaelam = np.empty_like(deltas), np.zeros_like(deltas[0])
     for t in range(deltas.shape[0] - 1, -1, -1):
         advantages[t] = lastgaelam = deltas[t] + discounts[t] * lastgaelam
     advantages = torch.from_numpy(advantages).to(values.device)
@@ -364,8 +372,7 @@ def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, retur
     for p, name in zip(plist, params):
         p.grad = grads[name]
     grad_norm = nn.utils.clip_grad_norm_(plist, args.max_grad_norm, foreach=False)  # per-tensor norms fuse; foreach does not
-    state = [optimizer.state[p] for p in plist]
-    group = optimizer.param_groups[0]
+    state, group = [optimizer.state[p] for p in plist], optimizer.param_groups[0]
     with torch.no_grad():
         adam(plist, [p.grad for p in plist], [s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state], [],
              [s["step"] for s in state], foreach=False, capturable=group["capturable"], amsgrad=False,
@@ -383,25 +390,30 @@ def make_optimizer(agent, lr, capturable: bool):
 
 
 def make_units(n_obs: int, n_actions: int, args, device):
-    """The agent, optimizer, lr, normalizer, units; the rollout acts with an inference copy (same storage, no grad)."""
+    """The agent, optimizer, lr, normalizer, units; an inference copy (same storage, no grad) acts and evaluates, but
+    with --host-actor and a CUDA learner a host copy of actor_mean acts (`refresh` updates it), with the normalizer."""
     agent, agent_inference = Agent(n_obs, n_actions).to(device), Agent(n_obs, n_actions).to(device)
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
-    normalizer = Normalizer(args.num_envs, n_obs, args.gamma, device)
+    host = args.host_actor and device.type == "cuda"
+    act_device = torch.device("cpu") if host else device
+    acting = host_copy(agent.actor_mean, act_device) if host else agent_inference.actor_mean
+    normalizer = Normalizer(args.num_envs, n_obs, args.gamma, act_device)
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
     optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
     u = SimpleNamespace(agent=agent, optimizer=optimizer, lr=lr, normalizer=normalizer, normalize=normalizer.obs,
-                        policy=agent_inference.act, rollout_noise=agent_inference.rollout_noise,
-                        evaluate=agent_inference.forward, get_value=agent_inference.get_value,
-                        update=functools.partial(update, agent, optimizer, lr, args))
+                        act_device=act_device, acting=acting, policy=functools.partial(act, acting),
+                        refresh=functools.partial(refresh, acting, agent.actor_mean) if host else lambda: None,
+                        rollout_noise=agent_inference.rollout_noise, evaluate=agent_inference.forward,
+                        get_value=agent_inference.get_value, update=functools.partial(update, agent, optimizer, lr, args))
     if args.compile:
-        # CPU: only what repays its compile, the per-step normalizer (~80 -> ~40 us) and 320 updates an iteration;
-        # policy is slower compiled (~90 vs ~45 us), evaluate/get_value run once (save < 1 ms). Default options: on CUDA
-        # max_autotune autotunes Triton GEMMs for minutes on tiny layers (CPU: not measured)
-        cuda_only = ("policy", "evaluate", "get_value") if device.type == "cuda" else ()
+        # on a CPU (the learner's or the host's) only what repays its compile, the per-step normalizer (~80 -> ~40 us)
+        # and 320 updates an iteration; policy is slower compiled (~90 vs ~45 us), evaluate/get_value run once (save
+        # < 1 ms). Default options: on CUDA max_autotune autotunes Triton GEMMs for minutes on tiny layers
+        cuda_only = ("policy",) * (act_device.type == "cuda") + ("evaluate", "get_value") * (device.type == "cuda")
         for name in cuda_only + ("normalize", "update"):
             setattr(u, name, torch.compile(getattr(u, name)))
-    if args.cudagraphs:
-        for name in ("policy", "normalize", "evaluate", "get_value", "update"):
+    if args.cudagraphs:  # CUDA graphs capture CUDA work only: units acting on the host stay out
+        for name in ("policy", "normalize") * (act_device.type == "cuda") + ("evaluate", "get_value", "update"):
             setattr(u, name, CudaGraphModule(getattr(u, name)))
     return u
 
@@ -417,7 +429,6 @@ def machine_info(device: torch.device) -> dict:
 class StopFlag:
     """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
     one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
-
     def __init__(self):
         self.set = self.iterated = False
         signal.signal(signal.SIGINT, self.handle)
@@ -465,7 +476,6 @@ def main(args: Args):
     if args.cudagraphs and device.type != "cuda":
         print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
         args.cudagraphs = False
-
     envs = envpool.make(args.env_id, env_type="gymnasium", num_envs=args.num_envs,
                         seed=args.seed + (ckpt["global_step"] if ckpt else 0))  # a resumed run: new episodes
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
@@ -474,7 +484,6 @@ def main(args: Args):
     n_obs, n_actions = envs.observation_space.shape[0], envs.action_space.shape[0]
     action_bounds = (envs.action_space.low, envs.action_space.high)
     u = make_units(n_obs, n_actions, args, device)
-
     shape = (args.num_steps, args.num_envs)
     buf = dict(obs=torch.zeros(shape + (n_obs,), device=device), actions=torch.zeros(shape + (n_actions,), device=device),
                **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")})
@@ -488,7 +497,6 @@ def main(args: Args):
         rng.set_state(ckpt["rng"])
         stats.returns.extend(ckpt["returns"].tolist())
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-
     run = None
     if args.track:
         import wandb
@@ -501,7 +509,7 @@ def main(args: Args):
         bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
                   "from Inductor's on-disk cache)", file=sys.stderr)
         bar.set_description("compiling")
-    next_obs = u.normalize(torch.from_numpy(envs.reset()[0]).to(device))  # with --compile, normalize compiles here
+    next_obs = u.normalize(torch.from_numpy(envs.reset()[0]).to(u.act_device))  # with --compile, normalize compiles here
     next_done = np.zeros(args.num_envs, dtype=bool)
     iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
     try:
@@ -509,25 +517,22 @@ def main(args: Args):
             t_iter = time.perf_counter()
             if args.anneal_lr:
                 u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
-
-            noise = u.rollout_noise(buf["actions"].shape, rng)
+            u.refresh()  # the acting copy, if any, takes the last updates' (or the resumed checkpoint's) parameters
+            noise = u.rollout_noise(buf["actions"].shape, rng).to(u.act_device)  # one draw, one transfer a rollout
             next_obs, next_done, t_env, t_policy = rollout(envs, u.policy, u.normalize, u.normalizer, next_obs,
                                                            next_done, buf, stats, noise, action_bounds)
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
-
             t0 = time.perf_counter()
             logprobs, _, values = u.evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
             buf["logprobs"].copy_(logprobs)
             buf["values"].copy_(values)
-            advantages, returns = gae(u.get_value(next_obs), torch.from_numpy(next_done).to(device).float(),
+            advantages, returns = gae(u.get_value(next_obs.to(device)), torch.from_numpy(next_done).to(device).float(),
                                       buf["rewards"], buf["dones"], buf["values"], args.gamma, args.gae_lambda)
             t_gae = time.perf_counter() - t0
-
             t0 = time.perf_counter()
-            batch = [x.flatten(0, 1) for x in
-                     (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])]
-            n = 0
+            n, batch = 0, [x.flatten(0, 1) for x in
+                           (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])]
             for epoch in range(args.update_epochs):
                 perm = torch.randperm(args.batch_size, device=device, generator=rng).view(args.num_minibatches, -1)
                 for inds in perm:
@@ -536,7 +541,6 @@ def main(args: Args):
                 if args.target_kl is not None and stats_buf[n - 1, 0] > args.target_kl:  # a host sync, only when asked
                     break
             t_update = time.perf_counter() - t0
-
             now = time.perf_counter()  # steady-state fps: whole iterations after the burn-in
             iter_times.append(now - t_iter)
             if iteration - start_iteration + 1 == args.measure_burnin:

@@ -8,13 +8,15 @@ values come from one batched forward afterwards), with an inference copy of the 
 the env's outputs are staged in numpy and reach the buffers in one copy per iteration; `update` takes torch.func.grad
 and applies torch.optim's functional Adam, so that compiled, forward, backward, clipping and the Adam step are one graph
 (one entry per minibatch instead of four: optimizer.step forces a graph break); lr is a tensor changed in place (no
-recompilation); once all has compiled the guards are skipped. doc/classic_control.md has the measurements of each.
+recompilation); once all has compiled the guards are skipped. A CUDA learner acts through a host copy of the actor
+(--host-actor: a 4-row 64-unit MLP step costs less on the CPU than GPU launches). doc/classic_control.md measures each.
 
     python leanrl/ppo_torchcompile.py --compile               # CPU or GPU
-    python leanrl/ppo_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the three units
+    python leanrl/ppo_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the learner's units
 """
 
 import contextlib
+import copy
 import functools
 import importlib.util
 import io
@@ -101,7 +103,11 @@ class Args:
     compile: bool = False
     """if toggled, wrap the policy, gae and update units in torch.compile"""
     cudagraphs: bool = False
-    """if toggled, wrap the policy, gae and update units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
+    """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
+    host_actor: bool = True
+    """with the learner on CUDA, act in the rollout with a host copy of the actor, refreshed after each iteration's
+    updates (one copy of ~20 KB): a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches. A CPU
+    learner acts with its own actor (no copy)"""
     measure_burnin: int = 3
     """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
     log_dir: Optional[str] = None
@@ -238,11 +244,6 @@ class Agent(nn.Module):
     def get_value(self, x):
         return self.critic(x).squeeze(-1)
 
-    def act(self, x, gumbel):
-        """One rollout step: argmax(logits + Gumbel noise), exact Categorical sampling. Acting needs nothing else: the
-        rollout's log-probabilities and values come from one batched forward afterwards (same numbers)."""
-        return (self.actor(x) + gumbel).argmax(-1)
-
     def forward(self, x, action):
         """Log-probability and entropy of `action`, and the state value: what the loss needs."""
         logp = self.actor(x).log_softmax(-1)
@@ -250,27 +251,44 @@ class Agent(nn.Module):
         return logp.gather(-1, action.unsqueeze(-1)).squeeze(-1), entropy, self.critic(x).squeeze(-1)
 
 
-def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int, rng: torch.Generator):
-    """num_steps steps of every env into `buf`; returns the last obs/done (numpy) and the time split. The env's outputs
-    (in numpy) and the actions (in a list) reach `buf` in one copy per iteration, not several tensor ops per step."""
+def act(actor, x, gumbel):
+    """One rollout step: argmax(logits + Gumbel noise), exact Categorical sampling. Acting needs nothing else: the
+    rollout's log-probabilities and values come from one batched forward afterwards (same numbers)."""
+    return (actor(x) + gumbel).argmax(-1)
+
+
+def host_copy(module: nn.Module, device: torch.device) -> nn.Module:
+    """A copy of `module` on `device` to act with: storage of its own, no autograd; `refresh` keeps it current."""
+    return copy.deepcopy(module).requires_grad_(False).to(device)
+
+
+def refresh(acting: nn.Module, learner: nn.Module):
+    """The learner's parameters into its acting copy, in one transfer (~20 KB)."""
+    flat = nn.utils.parameters_to_vector(learner.parameters()).to(next(acting.parameters()).device)
+    nn.utils.vector_to_parameters(flat, acting.parameters())  # sets each one's .data: autograd stays out
+
+
+def rollout(envs, policy, act_device, next_obs, next_done, buf, episodes, n_actions: int, rng: torch.Generator):
+    """num_steps steps of every env into `buf`, acting on `act_device`; returns the last obs/done (numpy) and the time
+    split. The env's outputs and the actions are staged in numpy and reach `buf` in one copy per iteration each."""
     num_steps, device = buf["obs"].shape[0], buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
     dones, rewards = np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
-    gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()  # one draw per rollout
-    actions, t_env, t_policy = [], 0.0, 0.0
+    actions, t_env, t_policy = np.empty(buf["actions"].shape, np.int64), 0.0, 0.0
+    # one draw per rollout from the loop's generator, brought to where the policy acts in one transfer
+    gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()
+    gumbel = gumbel.to(act_device)
     for step in range(num_steps):
         obs[step], dones[step] = next_obs, next_done
         t0 = time.perf_counter()
-        action = policy(torch.from_numpy(next_obs).to(device, non_blocking=True), gumbel[step])
-        actions.append(action)
+        actions[step] = policy(torch.from_numpy(next_obs).to(act_device, non_blocking=True), gumbel[step]).cpu().numpy()
         t1 = time.perf_counter()
-        next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
+        next_obs, reward, terminations, truncations, _ = envs.step(actions[step])
         t_env, t_policy = t_env + time.perf_counter() - t1, t_policy + t1 - t0
         next_done, rewards[step] = terminations | truncations, reward
         episodes.record(reward, next_done)
-    for key, x in (("obs", obs), ("dones", dones), ("rewards", rewards)):
+    for key, x in (("obs", obs), ("actions", actions), ("dones", dones), ("rewards", rewards)):
         buf[key].copy_(torch.from_numpy(x), non_blocking=True)
-    torch.stack(actions, out=buf["actions"])
     return next_obs, next_done, t_env, t_policy
 
 
@@ -335,22 +353,28 @@ def make_optimizer(agent, lr, capturable: bool):
 
 def make_units(agent, agent_inference, args, device, compiled: bool):
     """The training state around `agent` (optimizer, lr) and the units the loop calls, compiled if `compiled`.
-    `agent_inference` becomes the rollout's copy: same storage, plain tensors without requires_grad (tensordict
-    >= 0.14 would otherwise keep its own Parameters, requires_grad and all, and only swap their data)."""
+    `agent_inference` becomes the learner's inference copy: same storage, plain tensors without requires_grad
+    (tensordict >= 0.14 would otherwise keep its own Parameters, requires_grad and all, and only swap their data).
+    The rollout acts with its actor, or with --host-actor and a CUDA learner with a host copy that `refresh` updates."""
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
     optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
-    u = SimpleNamespace(agent=agent, optimizer=optimizer, lr=lr, policy=agent_inference.act,
-                        evaluate=agent_inference.forward, get_value=agent_inference.get_value, gae=gae,
+    host = args.host_actor and device.type == "cuda"
+    act_device = torch.device("cpu") if host else device
+    acting = host_copy(agent.actor, act_device) if host else agent_inference.actor
+    u = SimpleNamespace(agent=agent, optimizer=optimizer, lr=lr, act_device=act_device, acting=acting,
+                        policy=functools.partial(act, acting), evaluate=agent_inference.forward,
+                        refresh=functools.partial(refresh, acting, agent.actor) if host else lambda: None,
+                        get_value=agent_inference.get_value, gae=gae,
                         update=functools.partial(update, agent, optimizer, lr, args))
     if compiled:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
         # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
         opts = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
-        if device.type == "cuda":
-            # on a CPU the policy step stays eager: compiled it is faster alone (29 vs 34 us) but slower in the
-            # rollout, where it and the env evict each other from the caches (93 vs 83 us per env+policy step)
+        if act_device.type == "cuda":
+            # acting on a CPU (the learner's or the host's) the policy stays eager: compiled it is faster alone (29 vs
+            # 34 us) but slower in the rollout, where it and the env evict each other's caches (93 vs 83 us a step)
             u.policy = torch.compile(u.policy, options=opts)
         u.evaluate, u.get_value = (torch.compile(f, options=opts) for f in (u.evaluate, u.get_value))
         u.gae = torch.compile(u.gae, fullgraph=True)
@@ -359,7 +383,8 @@ def make_units(agent, agent_inference, args, device, compiled: bool):
 
 
 def add_cudagraphs(u):
-    for name in ("policy", "evaluate", "get_value", "gae", "update"):
+    # CUDA graphs capture CUDA work only: a policy acting on the host stays out
+    for name in ("policy",) * (u.act_device.type == "cuda") + ("evaluate", "get_value", "gae", "update"):
         setattr(u, name, CudaGraphModule(getattr(u, name)))
 
 
@@ -494,8 +519,9 @@ def main(args: Args):
             t_iter = time.perf_counter()
             if args.anneal_lr:
                 u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
-            next_obs, next_done, t_env, t_policy = rollout(envs, u.policy, next_obs, next_done, buf, episodes,
-                                                           n_actions, rng)
+            u.refresh()  # the acting copy, if any, takes the last updates' (or the resumed checkpoint's) parameters
+            next_obs, next_done, t_env, t_policy = rollout(envs, u.policy, u.act_device, next_obs, next_done, buf,
+                                                           episodes, n_actions, rng)
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
             t0 = time.perf_counter()

@@ -147,21 +147,81 @@ def test_gumbel_max_sampling_matches_categorical(tc):
         agent.actor[4].bias.copy_(torch.tensor([1.0, 0.0, -1.0]))
     n = 200_000
     x = torch.zeros(n, 4)
-    actions = agent.act(x, -torch.empty(n, 3).exponential_().log())
+    actions = tc.act(agent.actor, x, -torch.empty(n, 3).exponential_().log())
     freq = torch.bincount(actions, minlength=3) / n
     expected = agent.actor(x[:1]).softmax(-1)[0].detach()
     torch.testing.assert_close(freq, expected, rtol=0, atol=0.005)  # ~5 standard errors at n=200k
 
 
+def linear_tensors(module):
+    return [t for m in module.modules() if isinstance(m, torch.nn.Linear) for t in (m.weight, m.bias)]
+
+
+def is_current_copy(acting, learner) -> bool:
+    """`acting` holds `learner`'s parameters, in storage of its own and without autograd."""
+    return all(torch.equal(p, q) and p.data_ptr() != q.data_ptr() and not q.requires_grad
+               for p, q in zip(linear_tensors(learner), linear_tensors(acting), strict=True))
+
+
 def test_inference_copy_shares_storage_without_grad(tc):
+    """On a CPU the learner's units and the rollout use the inference copy: the agent's storage, no autograd, nothing
+    to refresh (the host copy of --host-actor is for a CUDA learner)."""
     agent = tc.Agent(4, 2)
     units = tc.make_units(agent, tc.Agent(4, 2), tc.Args(), torch.device("cpu"), compiled=False)
-    agent_inference = units.policy.__self__  # the rollout acts with the inference copy's method
-    for p, q in zip(agent.parameters(), agent_inference.parameters()):
-        assert p.data_ptr() == q.data_ptr() and not q.requires_grad
+    agent_inference = units.evaluate.__self__
+    assert units.policy.args == (units.acting,) and units.acting is agent_inference.actor
+    pairs = list(zip(linear_tensors(agent), linear_tensors(agent_inference)))
+    assert len(pairs) == 12 and all(p.data_ptr() == q.data_ptr() and not q.requires_grad for p, q in pairs)
     with torch.no_grad():
         agent.actor[0].weight.add_(1.0)
     assert torch.equal(agent.actor[0].weight, agent_inference.actor[0].weight)
+
+
+def cartpole_rollout(tc, policy, num_envs=2, num_steps=48, seed=3) -> dict:
+    """The buffers of one rollout from a fixed seed (envs and Gumbel noise), acting with `policy` on the CPU."""
+    args = tc.Args(num_envs=num_envs, num_steps=num_steps)
+    envs = tc.make_envs(args, "")
+    shape = (num_steps, num_envs)
+    buf = dict(obs=torch.zeros(shape + (4,)), actions=torch.zeros(shape, dtype=torch.long), dones=torch.zeros(shape),
+               rewards=torch.zeros(shape))
+    tc.rollout(envs, policy, torch.device("cpu"), envs.reset(seed=seed)[0], np.zeros(num_envs, dtype=bool), buf,
+               tc.Episodes(num_envs), 2, torch.Generator().manual_seed(seed))
+    envs.close()
+    return buf
+
+
+def assert_same_buffers(a: dict, b: dict, same: bool = True):
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a) == same, {k: torch.equal(a[k], b[k]) for k in a}
+
+
+def test_host_copy_acts_as_the_learner_and_refresh_brings_the_updates(tc):
+    """--host-actor (a CUDA learner) acts with a host copy of the actor, refreshed after the updates. Here the copy is
+    made on the CPU explicitly, with storage of its own: a rollout acting with it fills the buffers that one acting
+    with the learner's actor fills, exactly; after updates a stale copy's rollout differs, and a refreshed one is
+    the learner's again. Large steps (lr 0.05) move the policy far from uniform, where a wrong weight flips actions."""
+    torch.manual_seed(0)
+    agent = tc.Agent(4, 2)
+    u = tc.make_units(agent, tc.Agent(4, 2), tc.Args(), torch.device("cpu"), compiled=False)
+    u.lr.fill_(0.05)
+    batch = random_batch(512)
+
+    def train():
+        for _ in range(3):
+            u.update(*batch, torch.randperm(512)[:128])
+
+    train()
+    acting = tc.host_copy(agent.actor, torch.device("cpu"))
+    copy_policy = functools.partial(tc.act, acting)
+    assert is_current_copy(acting, agent.actor)
+    assert_same_buffers(cartpole_rollout(tc, copy_policy), cartpole_rollout(tc, u.policy))
+    train()
+    learner = cartpole_rollout(tc, u.policy)
+    assert not is_current_copy(acting, agent.actor)
+    assert_same_buffers(cartpole_rollout(tc, copy_policy), learner, same=False)  # stale: acts otherwise
+    tc.refresh(acting, agent.actor)
+    assert is_current_copy(acting, agent.actor)
+    assert_same_buffers(cartpole_rollout(tc, copy_policy), learner)
 
 
 def test_learns_cartpole(tmp_path):

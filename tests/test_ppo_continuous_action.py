@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import assert_rejected, load_script, read_metrics, read_summary, run_script, smoke_runs
-from test_ppo import numpy_gae
+from test_ppo import assert_same_buffers, is_current_copy, numpy_gae
 
 SCRIPTS = ("ppo_continuous_action.py", "ppo_continuous_action_torchcompile.py")
 ROW_FIELDS = ("iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
@@ -279,10 +279,56 @@ def test_rollout_noise_samples_the_policy_gaussian(tc):
     agent = make_update_state(tc, 0)[0]
     x = torch.zeros(1, 17)
     with torch.no_grad():
-        samples = agent.act(x, agent.rollout_noise((100_000, 1, 6), torch.Generator().manual_seed(0)))
+        samples = tc.act(agent.actor_mean, x, agent.rollout_noise((100_000, 1, 6), torch.Generator().manual_seed(0)))
         mean, std = agent.actor_mean(x)[0], agent.actor_logstd.exp()[0]
     torch.testing.assert_close(samples.mean((0, 1)), mean, rtol=0, atol=0.02)  # ~5 standard errors
     torch.testing.assert_close(samples.std((0, 1)), std, rtol=0.02, atol=0)
+
+
+def cheetah_rollout(tc, policy, num_steps=64, seed=3):
+    """One rollout of a fresh HalfCheetah from a fixed seed (env, noise), acting with `policy` on the CPU, and a fresh
+    normalizer: the buffers and the normalizer's statistics afterwards."""
+    envs = envpool.make("HalfCheetah-v4", env_type="gymnasium", num_envs=1, seed=seed)
+    normalizer = tc.Normalizer(1, 17, GAMMA, "cpu")
+    buf = {k: torch.zeros((num_steps, 1) + dims) for k, dims in
+           (("obs", (17,)), ("actions", (6,)), ("dones", ()), ("rewards", ()))}
+    noise = 0.5 * torch.randn(num_steps, 1, 6, generator=torch.Generator().manual_seed(seed))
+    tc.rollout(envs, policy, normalizer.obs, normalizer, normalizer.obs(torch.from_numpy(envs.reset()[0])),
+               np.zeros(1, dtype=bool), buf, tc.EpisodeStats(1), noise, (envs.action_space.low, envs.action_space.high))
+    envs.close()
+    return dict(buf, **{f"{name}.{k}": v for name, s in normalizer.state_dict().items() for k, v in s.items()})
+
+
+def test_make_units_on_a_cpu_acts_with_the_learner_itself(tc):
+    """A CPU learner acts with its inference copy's actor_mean (the agent's storage, no copy, nothing to refresh) and
+    keeps the normalizer on the CPU."""
+    u = tc.make_units(17, 6, tc.Args(), torch.device("cpu"))
+    assert u.policy.args == (u.acting,) and u.acting is u.evaluate.__self__.actor_mean
+    assert u.acting[0].weight.data_ptr() == u.agent.actor_mean[0].weight.data_ptr()
+    assert u.act_device.type == "cpu" and u.normalizer.obs_rms.mean.device.type == "cpu"
+
+
+def test_host_copy_acts_as_the_learner_and_refresh_brings_the_updates(tc):
+    """--host-actor (a CUDA learner) acts with a host copy of actor_mean, refreshed after the updates, and the
+    normalizer on the host. Here the copy is made on the CPU explicitly, with storage of its own: a rollout acting
+    with it fills the buffers (and normalizer statistics) that one acting with the learner's actor_mean fills,
+    exactly; after updates a stale copy's rollout differs, and a refreshed one is the learner's again."""
+    torch.manual_seed(0)
+    u = tc.make_units(17, 6, tc.Args(), torch.device("cpu"))
+    acting = tc.host_copy(u.agent.actor_mean, torch.device("cpu"))
+    copy_policy = functools.partial(tc.act, acting)
+    assert is_current_copy(acting, u.agent.actor_mean)
+    assert_same_buffers(cheetah_rollout(tc, copy_policy), cheetah_rollout(tc, u.policy))
+    u.lr.fill_(0.01)  # a few large steps
+    batch = random_batch(256)
+    for _ in range(3):
+        u.update(*batch, torch.randperm(256)[:64])
+    learner = cheetah_rollout(tc, u.policy)
+    assert not is_current_copy(acting, u.agent.actor_mean)
+    assert_same_buffers(cheetah_rollout(tc, copy_policy), learner, same=False)  # stale: acts otherwise
+    tc.refresh(acting, u.agent.actor_mean)
+    assert is_current_copy(acting, u.agent.actor_mean)
+    assert_same_buffers(cheetah_rollout(tc, copy_policy), learner)
 
 
 DISCRETE = [
