@@ -9,6 +9,7 @@ dqn_torchcompile.py is measured against.
 """
 
 import contextlib
+import importlib.util
 import io
 import json
 import math
@@ -127,45 +128,39 @@ def check_env_id(env_id: str):
     if "atari" in family:
         fail(f"--env-id {env_id} is an Atari game; use leanrl/dqn_atari_envpool.py")
     if spec is not None and "mujoco" in str(spec.entry_point) or "mujoco" in family:
-        fail(f"--env-id {env_id} is a MuJoCo task with continuous actions; DQN needs discrete actions (e.g. CartPole-v1)")
+        fail(f"--env-id {env_id} is a MuJoCo task (continuous actions); DQN needs discrete actions, e.g. CartPole-v1")
     known = [k for k, s in gym.registry.items() if "classic_control" in str(s.entry_point)]
     fail(f"--env-id {env_id!r}: unknown env id; discrete classic-control ids: {', '.join(sorted(known))}")
 
 
-def check_args(args: Args):
+def check_args(args: Args) -> Optional[dict]:
     rules = [(("total_timesteps", "learning_rate", "buffer_size", "target_network_frequency", "batch_size",
                "train_frequency", "log_every", "num_threads"), lambda x: 0 < x < math.inf, "positive and finite"),
              (("seed",), lambda x: 0 <= x < 2**31, "in [0, 2**31)"),
              (("learning_starts", "measure_burnin"), lambda x: x >= 0, ">= 0"),
              (("gamma", "tau", "exploration_fraction"), lambda x: 0 < x <= 1, "in (0, 1]"),
-             (("start_e", "end_e"), lambda x: 0 <= x <= 1, "a probability, in [0, 1]")]
+             (("start_e", "end_e"), lambda x: 0 <= x <= 1, "a probability, in [0, 1]"),
+             (("num_envs",), lambda x: x == 1, "1 (this DQN steps one env, as CleanRL's does)")]
     for names, ok, what in rules:
         for name in names:
             if not ok(getattr(args, name)):  # `not ok`: a NaN fails every rule
                 fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
-    if args.num_envs != 1:
-        fail(f"--num-envs must be 1 (this DQN steps one env, as CleanRL's does), got {args.num_envs}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
     if args.end_e > args.start_e:
         fail(f"--end-e {args.end_e} must not exceed --start-e {args.start_e}: epsilon anneals down")
     if args.learning_starts >= args.total_timesteps:
         fail(f"--learning-starts {args.learning_starts} must be less than --total-timesteps {args.total_timesteps}")
-    if args.resume and not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
-    if args.resume:  # a checkpoint of another script or run is refused now, before any work
-        load_checkpoint(args, os.path.basename(__file__)[: -len(".py")])
+    ckpt = load_checkpoint(args) if args.resume else None  # another script's or run's checkpoint is refused now
     if args.log_dir is not None:
         with contextlib.suppress(OSError):
             os.makedirs(args.log_dir, exist_ok=True)
         if not os.access(args.log_dir, os.W_OK | os.X_OK):  # also when it could not be made
             fail(f"--log-dir {args.log_dir}: cannot create or write that folder")
     check_env_id(args.env_id)
-    if args.capture_video:
-        try:
-            import moviepy, pygame  # noqa: F401, E401
-        except ImportError:
-            fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
+    if args.capture_video and not all(importlib.util.find_spec(m) for m in ("moviepy", "pygame")):
+        fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
+    return ckpt
 
 
 def make_env(args: Args, video_dir: str):
@@ -212,9 +207,8 @@ class ReplayBuffer:
 
 def machine_info(device: torch.device) -> dict:
     cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
 
@@ -236,30 +230,26 @@ class StopFlag:
         print("\nstopping after this chunk (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr)
 
 
-def save_checkpoint(path: str, payload: dict):
-    tmp = path + ".tmp"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)  # atomic: a crash mid-write never leaves a truncated agent.pt
-
-
-def load_checkpoint(args: Args, script: str) -> dict:
+def load_checkpoint(args: Args) -> dict:
     """Networks, optimizer, replay buffer (10k CartPole transitions are 0.4 MB: saved whole), RNGs and the step.
     The env itself restarts with a fresh seed: the episode in flight is lost."""
+    if not os.path.isfile(args.resume):
+        fail(f"--resume {args.resume}: no such file")
     try:
         ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
-        written_by = ckpt["script"]
+        written_by, trained = ckpt["script"], ckpt["args"]
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
-    if written_by != script:
+    if written_by != os.path.basename(__file__)[: -len(".py")]:
         fail(f"--resume {args.resume} was written by {written_by}.py; resume it with leanrl/{written_by}.py")
     for key in ("env_id", "buffer_size"):
-        if ckpt["args"][key] != getattr(args, key):
-            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
+        if trained[key] != getattr(args, key):
+            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {trained[key]}; pass the same")
     return ckpt
 
 
 def main(args: Args):
-    check_args(args)
+    ckpt = check_args(args)
     script = os.path.basename(__file__)[: -len(".py")]
     log_dir = args.log_dir or f"runs/{args.env_id.replace('/', '-')}__{script}__{args.seed}__{int(time.time())}"
     os.makedirs(log_dir, exist_ok=True)
@@ -274,7 +264,6 @@ def main(args: Args):
     elif args.cudagraphs:
         fail("dqn.py is the eager baseline; --cudagraphs needs the units of leanrl/dqn_torchcompile.py")
 
-    ckpt = load_checkpoint(args, script) if args.resume else None
     env = make_env(args, os.path.join(log_dir, "videos"))
     n_obs, n_actions = env.observation_space.shape[0], env.action_space.n
     q_network = QNetwork(n_obs, n_actions).to(device)
@@ -300,18 +289,9 @@ def main(args: Args):
         global_step = ckpt["global_step"]
     obs, _ = env.reset(seed=args.seed + global_step)
 
-    def checkpoint():
-        save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            script=script, q_network=q_network.state_dict(), target_network=target_network.state_dict(),
-            optimizer=optimizer.state_dict(), buffer=rb.data.to_dict(), buffer_pos=rb.pos,
-            buffer_full=rb.full, args=asdict(args), global_step=global_step,
-            torch_rng=torch.get_rng_state(), np_rng=rng.bit_generator.state,
-            finished=torch.tensor(list(finished), dtype=torch.float64)))
-
     run = None
     if args.track:
         import wandb
-
         run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
                          name=os.path.basename(log_dir), dir=log_dir, save_code=True)
     metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
@@ -395,7 +375,14 @@ def main(args: Args):
         metrics.close()
         env.close()
     if args.save_model and not forced and global_step > start_step:
-        checkpoint()
+        path = os.path.join(log_dir, "agent.pt")
+        torch.save(dict(
+            script=script, q_network=q_network.state_dict(), target_network=target_network.state_dict(),
+            optimizer=optimizer.state_dict(), buffer=rb.data.to_dict(), buffer_pos=rb.pos,
+            buffer_full=rb.full, args=asdict(args), global_step=global_step,
+            torch_rng=torch.get_rng_state(), np_rng=rng.bit_generator.state,
+            finished=torch.tensor(list(finished), dtype=torch.float64)), path + ".tmp")
+        os.replace(path + ".tmp", path)  # atomic: a crash mid-write never leaves a truncated agent.pt
 
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,

@@ -127,45 +127,42 @@ def check_env_id(env_id: str):
     if "classic_control" in family:
         fail(f"--env-id {env_id} is a classic-control task; use leanrl/dqn.py")
     if "mujoco" in family:
-        fail(f"--env-id {env_id} is a MuJoCo task with continuous actions; DQN needs discrete actions (e.g. Breakout-v5)")
+        fail(f"--env-id {env_id} is a MuJoCo task (continuous actions); DQN needs discrete actions, e.g. Breakout-v5")
     fail(f"--env-id {env_id!r}: unknown env id; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
 
 
-def check_args(args: Args):
+def check_args(args: Args) -> Optional[dict]:
     rules = [(("total_timesteps", "learning_rate", "buffer_size", "target_network_frequency", "batch_size",
                "train_frequency", "log_every", "num_threads"), lambda x: 0 < x < math.inf, "positive and finite"),
              (("seed",), lambda x: 0 <= x < 2**31, "in [0, 2**31)"),
              (("learning_starts", "measure_burnin"), lambda x: x >= 0, ">= 0"),
              (("gamma", "tau", "exploration_fraction"), lambda x: 0 < x <= 1, "in (0, 1]"),
-             (("start_e", "end_e"), lambda x: 0 <= x <= 1, "a probability, in [0, 1]")]
+             (("start_e", "end_e"), lambda x: 0 <= x <= 1, "a probability, in [0, 1]"),
+             (("num_envs",), lambda x: x == 1, "1 (this DQN steps one env, as CleanRL's does)"),
+             (("capture_video",), lambda x: not x, "off (envpool renders no frames)")]
     for names, ok, what in rules:
         for name in names:
             if not ok(getattr(args, name)):  # `not ok`: a NaN fails every rule
                 fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
-    if args.num_envs != 1:
-        fail(f"--num-envs must be 1 (this DQN steps one env, as CleanRL's does), got {args.num_envs}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
     if args.end_e > args.start_e:
         fail(f"--end-e {args.end_e} must not exceed --start-e {args.start_e}: epsilon anneals down")
     if args.learning_starts >= args.total_timesteps:
         fail(f"--learning-starts {args.learning_starts} must be less than --total-timesteps {args.total_timesteps}")
-    if args.resume and not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
-    if args.resume:  # a checkpoint of another script or run is refused now, before any work
-        load_checkpoint(args, os.path.basename(__file__)[: -len(".py")])
+    ckpt = load_checkpoint(args) if args.resume else None  # another script's or run's checkpoint is refused now
     if args.log_dir is not None:
         with contextlib.suppress(OSError):
             os.makedirs(args.log_dir, exist_ok=True)
         if not os.access(args.log_dir, os.W_OK | os.X_OK):  # also when it could not be made
             fail(f"--log-dir {args.log_dir}: cannot create or write that folder")
-    if args.capture_video:
-        fail("--capture-video is not supported: envpool renders no frames")
     check_env_id(args.env_id)
+    return ckpt
 
 
 def make_env(args: Args, seed: int):
-    # CleanRL's settings, as in our PPO Atari scripts: 84x84 grey, 4 stacked, frameskip 4, a life is an episode, reward sign
+    # CleanRL's settings, as in our PPO Atari scripts: 84x84 grey, 4 stacked, frameskip 4, a life is an episode,
+    # reward sign
     return envpool.make(args.env_id, env_type="gym", num_envs=1, episodic_life=True, reward_clip=True, seed=seed)
 
 
@@ -214,7 +211,8 @@ def update(q_network, target_network, optimizer, lr, gamma: float, fields: dict,
     with torch.no_grad():
         adam(plist, [grads[name] for name in params], [s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state],
              [], [s["step"] for s in state], foreach=False, capturable=group["capturable"], amsgrad=False,
-             beta1=group["betas"][0], beta2=group["betas"][1], lr=lr, weight_decay=0.0, eps=group["eps"], maximize=False)
+             beta1=group["betas"][0], beta2=group["betas"][1], lr=lr, weight_decay=0.0, eps=group["eps"],
+             maximize=False)
     return stats
 
 
@@ -273,9 +271,9 @@ class ReplayBuffer:
     written once, into numpy staging rows; they reach the device in one copy per field at `flush`, before updates."""
 
     def __init__(self, size: int, device, stage: int):
-        self.data = TensorDict(frames=torch.empty(size, 84, 84, dtype=torch.uint8), age=torch.zeros(size, dtype=torch.long),
-                               actions=torch.zeros(size, dtype=torch.long), rewards=torch.zeros(size),
-                               dones=torch.zeros(size), batch_size=[size], device=device)
+        self.data = TensorDict(frames=torch.empty(size, 84, 84, dtype=torch.uint8),
+                               age=torch.zeros(size, dtype=torch.long), actions=torch.zeros(size, dtype=torch.long),
+                               rewards=torch.zeros(size), dones=torch.zeros(size), batch_size=[size], device=device)
         self.fields = dict(self.data.items())  # the plain tensors: what `update` gathers from
         self.staged = {k: torch.zeros((stage,) + v.shape[1:], dtype=v.dtype).numpy() for k, v in self.fields.items()}
         self.size, self.pos, self.full, self.n = size, 0, False, 0
@@ -309,9 +307,8 @@ class ReplayBuffer:
 
 def machine_info(device: torch.device) -> dict:
     cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
 
@@ -333,30 +330,26 @@ class StopFlag:
         print("\nstopping after this chunk (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr)
 
 
-def save_checkpoint(path: str, payload: dict):
-    tmp = path + ".tmp"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)  # atomic: a crash mid-write never leaves a truncated agent.pt
-
-
-def load_checkpoint(args: Args, script: str) -> dict:
+def load_checkpoint(args: Args) -> dict:
     """Networks, optimizer, RNGs and the step; not the buffer (gigabytes): a resumed run acts --learning-starts steps
     to refill it before it learns. The game in flight is lost (envpool cannot snapshot it): a fresh seed restarts it."""
+    if not os.path.isfile(args.resume):
+        fail(f"--resume {args.resume}: no such file")
     try:
         ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
-        written_by = ckpt["script"]
+        written_by, trained = ckpt["script"], ckpt["args"]
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
-    if written_by != script:
+    if written_by != os.path.basename(__file__)[: -len(".py")]:
         fail(f"--resume {args.resume} was written by {written_by}.py; resume it with leanrl/{written_by}.py")
     for key in ("env_id", "buffer_size"):
-        if ckpt["args"][key] != getattr(args, key):
-            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
+        if trained[key] != getattr(args, key):
+            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {trained[key]}; pass the same")
     return ckpt
 
 
 def main(args: Args):
-    check_args(args)
+    ckpt = check_args(args)
     script = os.path.basename(__file__)[: -len(".py")]
     log_dir = args.log_dir or f"runs/{args.env_id.replace('/', '-')}__{script}__{args.seed}__{int(time.time())}"
     os.makedirs(log_dir, exist_ok=True)
@@ -370,7 +363,6 @@ def main(args: Args):
         args.cudagraphs = False
     rng = torch.Generator(device).manual_seed(args.seed)  # the loop's own: torch.compile restores the global one
 
-    ckpt = load_checkpoint(args, script) if args.resume else None
     env = make_env(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
     n_actions = env.action_space.n
     q_network = QNetwork(n_actions).to(device)
@@ -393,16 +385,9 @@ def main(args: Args):
     learn_after = global_step + args.learning_starts  # after a resume: refill the buffer first
     obs, _ = env.reset()
 
-    def checkpoint():
-        save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            script=script, q_network=q_network.state_dict(), target_network=target_network.state_dict(),
-            optimizer=u.optimizer.state_dict(), args=asdict(args), global_step=global_step,
-            rng=rng.get_state(), finished=torch.tensor(list(finished), dtype=torch.float64)))
-
     run = None
     if args.track:
         import wandb
-
         run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
                          name=os.path.basename(log_dir), dir=log_dir, save_code=True)
     metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
@@ -484,7 +469,12 @@ def main(args: Args):
         metrics.close()
         env.close()
     if args.save_model and not forced and global_step > start_step:
-        checkpoint()
+        path = os.path.join(log_dir, "agent.pt")
+        torch.save(dict(
+            script=script, q_network=q_network.state_dict(), target_network=target_network.state_dict(),
+            optimizer=u.optimizer.state_dict(), args=asdict(args), global_step=global_step,
+            rng=rng.get_state(), finished=torch.tensor(list(finished), dtype=torch.float64)), path + ".tmp")
+        os.replace(path + ".tmp", path)  # atomic: a crash mid-write never leaves a truncated agent.pt
 
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,

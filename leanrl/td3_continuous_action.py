@@ -116,77 +116,35 @@ def parse_args() -> Args:
         raise
 
 
-def check_env_id(env_id: str):
-    family = envpool.registration.registry.specs.get(env_id, ("",))[0]
-    if family != "envpool.mujoco.gym":
-        kind = ("an Atari game (discrete actions: leanrl/ppo_atari_envpool.py)" if "atari" in family else
-                "a classic-control task (discrete ones: leanrl/ppo.py)" if "classic_control" in family else
-                "not a Gymnasium-style MuJoCo task" if "mujoco" in family else "unknown")
-        fail(f"--env-id {env_id!r} is {kind}; TD3 here takes envpool MuJoCo ids such as HalfCheetah-v4, Hopper-v4")
-
-
-def check_args(args: Args):
-    for name in ("total_timesteps", "buffer_size", "batch_size", "policy_frequency", "log_every", "num_threads",
-                 "learning_rate"):
-        if not 0 < getattr(args, name) < math.inf:  # NaN fails too
-            fail(f"--{name.replace('_', '-')} must be positive and finite, got {getattr(args, name)}")
-    for name in ("learning_starts", "measure_burnin", "seed", "exploration_noise", "noise_clip", "policy_noise"):
-        if not 0 <= getattr(args, name) < math.inf:
-            fail(f"--{name.replace('_', '-')} must be >= 0 and finite, got {getattr(args, name)}")
-    if args.seed >= 2**31:
-        fail(f"--seed must be below 2**31 (envpool's seeds are int32), got {args.seed}")
-    for name in ("gamma", "tau"):
-        if not 0 < getattr(args, name) <= 1:
-            fail(f"--{name} must be in (0, 1], got {getattr(args, name)}")
-    if args.num_envs != 1:
-        fail(f"--num-envs must be 1 (one env, one update per step, as CleanRL's TD3), got {args.num_envs}")
+def check_args(args: Args) -> Optional[dict]:
+    rules = [(("total_timesteps", "buffer_size", "batch_size", "policy_frequency", "log_every", "num_threads",
+               "learning_rate"), lambda x: 0 < x < math.inf, "positive and finite"),
+             (("learning_starts", "measure_burnin", "exploration_noise", "noise_clip", "policy_noise"),
+              lambda x: 0 <= x < math.inf, ">= 0 and finite"),
+             (("seed",), lambda x: 0 <= x < 2**31, "in [0, 2**31) (envpool's seeds are int32)"),
+             (("gamma", "tau"), lambda x: 0 < x <= 1, "in (0, 1]"),
+             (("num_envs",), lambda x: x == 1, "1 (one env, one update per step, as CleanRL's TD3)"),
+             (("capture_video",), lambda x: not x, "off (envpool renders no frames)")]
+    for names, ok, what in rules:
+        for name in names:
+            if not ok(getattr(args, name)):  # `not ok`: a NaN fails every rule
+                fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
     if args.batch_size > args.buffer_size:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
     if args.learning_starts >= args.total_timesteps:
         fail(f"--learning-starts {args.learning_starts} leaves no update in --total-timesteps {args.total_timesteps}")
-    if args.capture_video:
-        fail("--capture-video is not supported: envpool renders no frames")
-    if args.resume and not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
-    if args.resume:  # a checkpoint of another script or run is refused now, before any work
-        load_checkpoint(args, os.path.basename(__file__)[: -len(".py")])
-    with contextlib.suppress(OSError):
+    family = envpool.registration.registry.specs.get(args.env_id, ("",))[0]
+    if family != "envpool.mujoco.gym":
+        kind = ("an Atari game (discrete actions: leanrl/ppo_atari_envpool.py)" if "atari" in family else
+                "a classic-control task (discrete ones: leanrl/ppo.py)" if "classic_control" in family else
+                "not a Gymnasium-style MuJoCo task" if "mujoco" in family else "unknown")
+        fail(f"--env-id {args.env_id!r} is {kind}; TD3 here takes envpool MuJoCo ids such as HalfCheetah-v4")
+    ckpt = load_checkpoint(args) if args.resume else None  # another script's or env's checkpoint is refused now
+    with contextlib.suppress(OSError):  # the last check: a bad flag never creates a folder
         os.makedirs(args.log_dir or ".", exist_ok=True)
     if not (os.path.isdir(args.log_dir or ".") and os.access(args.log_dir or ".", os.W_OK)):
         fail(f"--log-dir {args.log_dir} cannot be created or written")
-    check_env_id(args.env_id)
-
-
-def make_env(args: Args, seed: int):
-    return envpool.make(args.env_id, env_type="gymnasium", num_envs=1, seed=seed)
-
-
-def env_step(env, action: np.ndarray):
-    """One step. Returns the real next observation (what the buffer stores, the final one at an episode's end), the
-    observation to act on next (the next episode's first after an end: envpool would otherwise spend the next step
-    on its reset), the reward, termination (what stops bootstrapping; a time limit does not) and done."""
-    obs, reward, terminated, truncated, _ = env.step(action)
-    done = terminated | truncated
-    next_obs = obs
-    if done.any():
-        next_obs = env.reset(np.flatnonzero(done))[0]
-    return obs, next_obs, reward, terminated, done
-
-
-class EpisodeStats:
-    """Episode returns: the mean of the last `window` finished episodes."""
-
-    def __init__(self, window: int = 20):
-        self.ret, self.returns = 0.0, deque(maxlen=window)
-
-    def step(self, reward: float, done: bool):
-        self.ret += reward
-        if done:
-            self.returns.append(self.ret)
-            self.ret = 0.0
-
-    def mean_return(self):
-        return float(np.mean(self.returns)) if self.returns else None
+    return ckpt
 
 
 class ReplayBuffer:
@@ -210,17 +168,13 @@ class ReplayBuffer:
 
 
 # CleanRL's networks: 256-unit MLPs with PyTorch's default init
-class QNetwork(nn.Module):
+class QNetwork(nn.Sequential):
     def __init__(self, n_obs: int, n_actions: int):
-        super().__init__()
-        self.fc1 = nn.Linear(n_obs + n_actions, 256)
-        self.fc2 = nn.Linear(256, 256)
-        self.fc3 = nn.Linear(256, 1)
+        super().__init__(nn.Linear(n_obs + n_actions, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                         nn.Linear(256, 1))
 
     def forward(self, x, a):
-        x = F.relu(self.fc1(torch.cat([x, a], 1)))
-        x = F.relu(self.fc2(x))
-        return self.fc3(x)
+        return super().forward(torch.cat([x, a], 1))
 
 
 LOSSES = ("qf1_loss", "qf2_loss", "qf1_values", "actor_loss")  # logged, once there are any
@@ -243,16 +197,14 @@ class Actor(nn.Module):
 
 def machine_info(device: torch.device) -> dict:
     cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
 
 
 class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current chunk of log_every steps, so the checkpoint is
-    consistent; before the first chunk is logged there is nothing to keep, so it exits at once."""
+    """Ctrl-C (or SIGTERM): stop after the current chunk of log_every steps; before the first, or again: at once."""
 
     def __init__(self):
         self.set, self.logged = False, False
@@ -266,32 +218,25 @@ class StopFlag:
         print("\nstopping after this chunk (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr)
 
 
-def save_checkpoint(path: str, payload: dict):
-    tmp = path + ".tmp"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)  # atomic: a crash mid-write never leaves a truncated agent.pt
-
-
-def load_checkpoint(args: Args, script: str) -> dict:
-    """Networks, targets, optimizers, RNGs and step count. The replay buffer is not saved (at 1M
-    transitions it is ~170 MB): a resumed run starts with an empty buffer and acts with the restored policy, without
-    updates, until the buffer holds learning_starts transitions again. envpool cannot snapshot the simulator, so the
-    episodes restart (with a fresh seed)."""
+def load_checkpoint(args: Args) -> dict:
+    """Networks, targets, optimizers, RNGs and the step; not the buffer (~170 MB at 1M): a resumed run acts with the
+    restored policy until it holds learning_starts transitions again. Episodes restart (with a fresh seed)."""
+    if not os.path.isfile(args.resume):
+        fail(f"--resume {args.resume}: no such file")
     try:
         ckpt = torch.load(args.resume, weights_only=True)
+        written_by = ckpt["script"]
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
-    if not isinstance(ckpt, dict) or "script" not in ckpt:
-        fail(f"--resume {args.resume}: not a checkpoint this script wrote")
-    if ckpt["script"] != script:
-        fail(f"--resume {args.resume} was written by {ckpt['script']}.py; resume it with that script")
+    if written_by != os.path.basename(__file__)[: -len(".py")]:
+        fail(f"--resume {args.resume} was written by {written_by}.py; resume it with that script")
     if ckpt["args"]["env_id"] != args.env_id:
         fail(f"--resume {args.resume} was trained with --env-id {ckpt['args']['env_id']}; pass the same")
     return ckpt
 
 
 def main(args: Args):
-    check_args(args)
+    ckpt = check_args(args)
     script = os.path.basename(__file__)[: -len(".py")]
     log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
     os.makedirs(log_dir, exist_ok=True)
@@ -306,9 +251,8 @@ def main(args: Args):
         fail("td3_continuous_action.py is the eager baseline; --cudagraphs needs the units of "
              "leanrl/td3_continuous_action_torchcompile.py")
 
-    ckpt = load_checkpoint(args, script) if args.resume else None
     global_step = ckpt["global_step"] if ckpt else 0
-    env = make_env(args, seed=args.seed + global_step)
+    env = envpool.make(args.env_id, env_type="gymnasium", num_envs=1, seed=args.seed + global_step)
     rng = torch.Generator(device).manual_seed(args.seed)  # the buffer's sampling
     np_rng = np.random.default_rng(args.seed)  # the random actions before learning_starts
     n_obs, n_actions = env.observation_space.shape[0], env.action_space.shape[0]
@@ -334,21 +278,12 @@ def main(args: Args):
         torch.set_rng_state(ckpt["torch_rng"])
         np_rng.bit_generator.state = ckpt["np_rng"]
     rb = ReplayBuffer(args.buffer_size, n_obs, n_actions, device)
-    stats = EpisodeStats()
-    if ckpt:
-        stats.returns.extend(ckpt["returns"].tolist())
-
-    def checkpoint():
-        save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            script=script, args=asdict(args), global_step=global_step, **{k: v.state_dict() for k, v in nets.items()},
-            q_optimizer=q_optimizer.state_dict(), actor_optimizer=actor_optimizer.state_dict(), rng=rng.get_state(),
-            torch_rng=torch.get_rng_state(), np_rng=np_rng.bit_generator.state,
-            returns=torch.tensor(list(stats.returns), dtype=torch.float64)))
+    ep_return, finished = 0.0, deque(ckpt["returns"].tolist() if ckpt else [], maxlen=20)  # the last 20 returns
+    mean_return = lambda: float(np.mean(finished)) if finished else None  # noqa: E731
 
     run = None
     if args.track:
         import wandb
-
         run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
                          name=os.path.basename(log_dir), dir=log_dir, save_code=True)
     metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
@@ -369,9 +304,14 @@ def main(args: Args):
                     actions += torch.normal(0, actor.action_scale * args.exploration_noise)
                 actions = actions.cpu().numpy().clip(low, high)
             t1 = time.perf_counter()
-            real_next_obs, next_obs, rewards, terminations, done = env_step(env, actions)
+            real_next_obs, rewards, terminations, truncations, _ = env.step(actions)
+            next_obs = real_next_obs  # the buffer gets the real last obs, the loop the next episode's first
+            ep_return += float(rewards[0])
+            if terminations[0] or truncations[0]:  # reset now: envpool would spend the next step on it
+                next_obs = env.reset()[0]
+                finished.append(ep_return)
+                ep_return = 0.0
             t2 = time.perf_counter()
-            stats.step(float(rewards[0]), bool(done[0]))
             rb.add(torch.Tensor(obs[0]), torch.Tensor(real_next_obs[0]), torch.Tensor(actions[0]),
                    torch.tensor(rewards[0], dtype=torch.float32), torch.tensor(terminations[0], dtype=torch.float32))
             obs = next_obs
@@ -420,8 +360,9 @@ def main(args: Args):
             now = time.perf_counter()
             if measure_from is None and first_update and global_step - first_update >= args.measure_burnin:
                 measure_from = (now, global_step)
-            fps = (global_step - measure_from[1]) / (now - measure_from[0]) if measure_from and global_step > measure_from[1] else None
-            row = dict(global_step=global_step, time=now - start, fps=fps, episodic_return=stats.mean_return(),
+            if measure_from and global_step > measure_from[1]:
+                fps = (global_step - measure_from[1]) / (now - measure_from[0])
+            row = dict(global_step=global_step, time=now - start, fps=fps, episodic_return=mean_return(),
                        t_env=t_env, t_policy=t_policy, t_update=t_update, buffer=rb.filled,
                        **{k: losses[k].item() if k in losses else None for k in LOSSES})
             metrics.write(json.dumps(row) + "\n")
@@ -440,11 +381,17 @@ def main(args: Args):
         metrics.close()
         env.close()
     if args.save_model and not forced:
-        checkpoint()
+        path = os.path.join(log_dir, "agent.pt")
+        torch.save(dict(
+            script=script, args=asdict(args), global_step=global_step, **{k: v.state_dict() for k, v in nets.items()},
+            q_optimizer=q_optimizer.state_dict(), actor_optimizer=actor_optimizer.state_dict(), rng=rng.get_state(),
+            torch_rng=torch.get_rng_state(), np_rng=np_rng.bit_generator.state,
+            returns=torch.tensor(list(finished), dtype=torch.float64)), path + ".tmp")
+        os.replace(path + ".tmp", path)  # atomic: a crash mid-write never leaves a truncated agent.pt
 
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
                    num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
-                   wall_time=time.perf_counter() - start, fps=fps, final_return=stats.mean_return(),
+                   wall_time=time.perf_counter() - start, fps=fps, final_return=mean_return(),
                    compile_time=None, interrupted=stop.set)
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
