@@ -290,7 +290,7 @@ def save_checkpoint(path: str, payload: dict):
 
 def load_checkpoint(args: Args) -> dict:
     try:
-        ckpt = torch.load(args.resume, weights_only=True)
+        ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
         saved, writer = ckpt["args"], ckpt.get("script", SCRIPT)  # checkpoints from before the key: this script's
     except Exception as e:  # a missing, corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: " + ("no such file" if isinstance(e, FileNotFoundError) else

@@ -504,7 +504,7 @@ def load_checkpoint(args: Args) -> dict:
     if not os.path.isfile(args.resume):
         fail(f"--resume {args.resume}: no such file")
     try:
-        ckpt = torch.load(args.resume, weights_only=True)
+        ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
         assert isinstance(ckpt, dict) and "args" in ckpt
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")

@@ -336,7 +336,7 @@ def load_checkpoint(args: Args) -> dict:
         fail(f"--resume {args.resume}: no such file")
     script = os.path.basename(__file__)[: -len(".py")]
     try:
-        ckpt = torch.load(args.resume, weights_only=True)
+        ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
         written_by, trained = ckpt.get("script", script), ckpt["args"]  # no "script": written before it was stored
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")

@@ -336,7 +336,7 @@ def load_checkpoint(args: Args) -> dict:
     if not os.path.isfile(args.resume):
         fail(f"--resume {args.resume}: no such file")
     try:
-        ckpt = torch.load(args.resume, weights_only=True)
+        ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
         written_by = ckpt["script"]
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
