@@ -182,14 +182,20 @@ def assert_rejected(script: str, flags, words, log_dir: Path):
     assert not (log_dir / "metrics.jsonl").exists()
 
 
-def smoke_runs(runs, tmp_path_factory) -> dict:
-    """Each (script, flags) of `runs` once, with the smoke flags on one thread: {(script, flags): (proc, log_dir)}.
-    Module-scoped fixtures share these runs between tests: a compiled run costs tens of seconds."""
+def smoke_runs(runs, tmp_path_factory, budget=(*SMOKE, "--num-threads", "1")) -> dict:
+    """Each (script, flags) of `runs` once, with `budget` (default: the smoke flags on one thread):
+    {(script, flags): (proc, log_dir)}. Module-scoped fixtures share these runs between tests: a compiled run costs
+    tens of seconds."""
     out = {}
     for script, flags in runs:
         log_dir = tmp_path_factory.mktemp("smoke") / "run"
-        out[script, flags] = run_script(script, *SMOKE, "--num-threads", "1", *flags, log_dir=log_dir), log_dir
+        out[script, flags] = run_script(script, *budget, *flags, log_dir=log_dir), log_dir
     return out
+
+
+def script_fixture(name: str):
+    """A module-scoped fixture that imports leanrl/<name>.py once for a test module: `tc = script_fixture("...")`."""
+    return pytest.fixture(scope="module")(lambda: load_script(name))
 
 
 @pytest.fixture

@@ -218,7 +218,8 @@ def test_bench_env_writes_a_run(family, env_id, num_envs, tmp_path):
                     "--log-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (summary["env_id"], summary["flags"]["num_envs"], summary["global_step"]) == (env_id, num_envs, 64 * num_envs)
+    assert summary["env_id"] == env_id and summary["global_step"] == 64 * num_envs
+    assert summary["flags"]["num_envs"] == num_envs
     assert summary["fps"] > 0 and summary["final_return"] is None
     rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["global_step"] for r in rows] == [16 * num_envs * i for i in range(1, 5)]

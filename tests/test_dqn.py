@@ -5,7 +5,7 @@ import functools
 import numpy as np
 import pytest
 import torch
-from conftest import assert_rejected, load_script, read_metrics, read_summary, run_script
+from conftest import assert_rejected, read_metrics, read_summary, run_script, script_fixture, smoke_runs
 
 SCRIPTS = ["dqn.py", "dqn_torchcompile.py"]
 # the off-policy smoke budget: 600 steps, learning from step 200, fps measured from step 300
@@ -18,25 +18,15 @@ SUMMARY_FIELDS = {"script", "env_id", "seed", "flags", "device", "torch", "cpu",
 RUNS = [(s, f) for s in SCRIPTS for f in ("", "--compile", "--cudagraphs")]
 
 
-@pytest.fixture(scope="module")
-def tc():
-    return load_script("dqn_torchcompile")
-
-
-@pytest.fixture(scope="module")
-def base():
-    return load_script("dqn")
+tc = script_fixture("dqn_torchcompile")
+base = script_fixture("dqn")
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """Each script once per flag, shared by the tests below: a compiled run costs tens of seconds."""
-    out = {}
-    for script, flag in RUNS:
-        log_dir = tmp_path_factory.mktemp("smoke") / "run"
-        proc = run_script(script, *TINY, *([flag] if flag else []), "--save-model", log_dir=log_dir)
-        out[script, flag] = proc, log_dir
-    return out
+    runs = smoke_runs([(s, (f,) if f else ()) for s, f in RUNS], tmp_path_factory, [*TINY, "--save-model"])
+    return {(s, "".join(flags)): run for (s, flags), run in runs.items()}
 
 
 @pytest.mark.parametrize("script,flag", RUNS, ids=[f"{s[:-3]}{f}" for s, f in RUNS])

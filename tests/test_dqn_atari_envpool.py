@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from conftest import assert_rejected, load_script, read_metrics, read_summary, run_script
+from conftest import assert_rejected, load_script, read_metrics, read_summary, script_fixture, smoke_runs
 
 SCRIPTS = ["dqn_atari_envpool.py", "dqn_atari_envpool_torchcompile.py"]
 # a tiny budget and buffer: 300 steps, learning from step 100, fps from step 150; 200 frames of buffer (the default
@@ -13,24 +13,15 @@ TINY = ["--total-timesteps", "300", "--learning-starts", "100", "--measure-burni
 RUNS = [(s, f) for s in SCRIPTS for f in ("", "--compile")]
 
 
-@pytest.fixture(scope="module")
-def tc():
-    return load_script("dqn_atari_envpool_torchcompile")
-
-
-@pytest.fixture(scope="module")
-def base():
-    return load_script("dqn_atari_envpool")
+tc = script_fixture("dqn_atari_envpool_torchcompile")
+base = script_fixture("dqn_atari_envpool")
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    out = {}
-    for script, flag in RUNS:
-        log_dir = tmp_path_factory.mktemp("smoke") / "run"
-        proc = run_script(script, *TINY, *([flag] if flag else []), "--save-model", log_dir=log_dir)
-        out[script, flag] = proc, log_dir
-    return out
+    """Each script once per flag, shared by the tests below: a compiled run costs tens of seconds."""
+    runs = smoke_runs([(s, (f,) if f else ()) for s, f in RUNS], tmp_path_factory, [*TINY, "--save-model"])
+    return {(s, "".join(flags)): run for (s, flags), run in runs.items()}
 
 
 @pytest.mark.parametrize("script,flag", RUNS, ids=[f"{s[:-3]}{f}" for s, f in RUNS])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_rejected, load_script, read_metrics, read_summary, run_script, smoke_runs
+from conftest import assert_rejected, load_script, read_metrics, read_summary, run_script, script_fixture, smoke_runs
 from test_ppo import assert_same_buffers, is_current_copy, numpy_gae
 
 SCRIPTS = ("ppo_continuous_action.py", "ppo_continuous_action_torchcompile.py")
@@ -24,14 +24,8 @@ RUNS = [(s, flags) for s in SCRIPTS for flags in (("--cudagraphs", "--save-model
 GAMMA = 0.99
 
 
-@pytest.fixture(scope="module")
-def base():
-    return load_script("ppo_continuous_action")
-
-
-@pytest.fixture(scope="module")
-def tc():
-    return load_script("ppo_continuous_action_torchcompile")
+base = script_fixture("ppo_continuous_action")
+tc = script_fixture("ppo_continuous_action_torchcompile")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_rejected, load_script, read_metrics, read_summary, run_script, smoke_runs
+from conftest import assert_rejected, read_metrics, read_summary, run_script, script_fixture, smoke_runs
 
 CLASSIC, ATARI = "ppo_quantized_torchcompile.py", "ppo_atari_envpool_quantized_torchcompile.py"
 # (script, extra flags): each script once compiled and once eager with --cudagraphs (ignored on CPU); a third Atari
@@ -23,14 +23,8 @@ QUANT_FIELDS = ("quant_method", "quant_every", "quant_async", "policy_bytes_fp32
                 "policy_latency_fp32_us", "policy_latency_quant_us")
 
 
-@pytest.fixture(scope="module")
-def classic():
-    return load_script("ppo_quantized_torchcompile")
-
-
-@pytest.fixture(scope="module")
-def atari():
-    return load_script("ppo_atari_envpool_quantized_torchcompile")
+classic = script_fixture("ppo_quantized_torchcompile")
+atari = script_fixture("ppo_atari_envpool_quantized_torchcompile")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_rejected, load_script, read_metrics, read_summary, run_script
+from conftest import assert_rejected, load_script, read_metrics, read_summary, run_script, script_fixture, smoke_runs
 
 SCRIPTS = ("sac_continuous_action.py", "sac_continuous_action_torchcompile.py")
 TINY = ["--total-timesteps", "600", "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "500",
@@ -21,23 +21,13 @@ LOSSES = ("qf1_loss", "qf2_loss", "qf1_values", "actor_loss", "alpha_loss")
 N_OBS, N_ACT, B = 17, 6, 32
 
 
-@pytest.fixture(scope="module")
-def base():
-    return load_script("sac_continuous_action")
-
-
-@pytest.fixture(scope="module")
-def tc():
-    return load_script("sac_continuous_action_torchcompile")
+base = script_fixture("sac_continuous_action")
+tc = script_fixture("sac_continuous_action_torchcompile")
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    out = {}
-    for script, flags in RUNS.items():
-        log_dir = tmp_path_factory.mktemp("smoke") / "run"
-        out[script] = run_script(script, *TINY, *flags, log_dir=log_dir), log_dir
-    return out
+    return {script: run for (script, _), run in smoke_runs(RUNS.items(), tmp_path_factory, TINY).items()}
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
