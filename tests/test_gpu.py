@@ -14,14 +14,13 @@ import torch
 from conftest import ROOT, SMOKE, read_metrics, read_summary, run_script
 from test_dqn import TINY as DQN
 from test_dqn_atari_envpool import TINY as DQN_ATARI
-from test_sac_continuous_action import TINY as SAC
-from test_td3_continuous_action import TINY as TD3
+from test_sac_continuous_action import TINY as OFFPOLICY
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 TORCHCOMPILE = sorted(p.name for p in (ROOT / "leanrl").glob("*_torchcompile.py"))
 # per family, the smallest run that calls every unit: each test module's own (dqn_atari before dqn: prefixes)
-BUDGET = {"ppo": SMOKE, "sac": SAC, "td3": TD3, "dqn_atari": DQN_ATARI, "dqn": DQN}
+BUDGET = {"ppo": SMOKE, "sac": OFFPOLICY, "td3": OFFPOLICY, "dqn_atari": DQN_ATARI, "dqn": DQN}
 PRUNE_TWICE = ("--prune-ratio", "0.5", "--prune-start", "2", "--prune-every", "1", "--prune-steps", "2",
                "--prune-importance", "random")
 

@@ -1,6 +1,6 @@
-"""SAC continuous control (MuJoCo through envpool): smoke runs of both scripts (the torchcompile one with --compile),
-the update units against CleanRL's autograd update on the baseline's networks, compiled against eager, the replay
-buffer, checkpoints and --resume, bad input.
+"""SAC continuous control (MuJoCo through envpool): the update units against CleanRL's autograd update on the
+baseline's networks, compiled against eager. For SAC's and TD3's scripts alike (the same shape): smoke runs (the
+torchcompile ones with --compile), checkpoints and --resume, the replay buffer, bad input.
 
 The smoke budget: 600 steps, updates from step 200, batch 32 in a buffer of 500 (so the runs wrap it around).
 """
@@ -12,12 +12,11 @@ import torch.nn.functional as F
 
 from conftest import assert_rejected, load_script, read_metrics, read_summary, run_script, script_fixture, smoke_runs
 
-SCRIPTS = ("sac_continuous_action.py", "sac_continuous_action_torchcompile.py")
+SCRIPTS = [f"{algo}_continuous_action{v}.py" for algo in ("sac", "td3") for v in ("", "_torchcompile")]
 TINY = ["--total-timesteps", "600", "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "500",
         "--log-every", "200", "--measure-burnin", "100", "--num-threads", "1"]
-RUNS = {"sac_continuous_action.py": ("--cudagraphs", "--save-model"),
-        "sac_continuous_action_torchcompile.py": ("--compile", "--cudagraphs", "--save-model")}
-LOSSES = ("qf1_loss", "qf2_loss", "qf1_values", "actor_loss", "alpha_loss")
+RUNS = {s: ("--compile",) * ("torchcompile" in s) + ("--cudagraphs", "--save-model") for s in SCRIPTS}
+LOSSES = ("qf1_loss", "qf2_loss", "qf1_values", "actor_loss")  # and SAC's alpha_loss and alpha
 N_OBS, N_ACT, B = 17, 6, 32
 
 
@@ -38,8 +37,10 @@ def test_smoke_writes_logs(smoke, script):
     assert [r["buffer"] for r in rows] == [200, 400, 500]  # the ring buffer holds at most --buffer-size
     assert rows[0]["qf1_loss"] is None  # no update yet
     for row in rows[1:]:
-        assert all(np.isfinite(row[k]) for k in LOSSES + ("t_update", "t_env", "alpha"))
-        assert 0 < row["alpha"] < 0.2  # autotuned down from 0.2: the entropy of a fresh actor is above -6
+        assert all(np.isfinite(row[k]) for k in LOSSES + ("t_update", "t_env"))
+        if script.startswith("sac"):
+            assert np.isfinite(row["alpha_loss"])
+            assert 0 < row["alpha"] < 0.2  # autotuned down from 0.2: the entropy of a fresh actor is above -6
     assert rows[1]["fps"] is None and rows[2]["fps"] > 0  # fps only after learning_starts + 100 burn-in steps
     summary = read_summary(log_dir)
     assert summary["script"] == script[:-3] and summary["global_step"] == 600 and summary["num_threads"] == 1
@@ -56,13 +57,15 @@ def fixed_batch(seed=0):
 
 
 def make_pair(base, tc, compiled=False, seed=0):
-    """The baseline's networks and the torchcompile script's units, holding the same parameters."""
+    """The baseline's networks and the torchcompile script's units, holding the same parameters (SAC's or TD3's:
+    tests/test_td3_continuous_action.py uses this too)."""
     low, high = -np.ones(N_ACT, np.float32), np.ones(N_ACT, np.float32)
     args = tc.Args(batch_size=B)
     torch.manual_seed(seed)
     u = tc.make_units(args, N_OBS, N_ACT, low, high, torch.device("cpu"), compiled)
-    actor, qf1, qf2 = base.Actor(N_OBS, N_ACT, low, high), base.SoftQNetwork(N_OBS, N_ACT), base.SoftQNetwork(N_OBS, N_ACT)
-    actor.load_state_dict(u.actor.state_dict())
+    qnet = getattr(base, "SoftQNetwork", None) or base.QNetwork  # SAC's name, TD3's
+    actor, qf1, qf2 = base.Actor(N_OBS, N_ACT, low, high), qnet(N_OBS, N_ACT), qnet(N_OBS, N_ACT)
+    actor.load_state_dict(u.actor.state_dict(), strict=False)  # TD3's units' actor also holds the bounds
     for i, q in enumerate((qf1, qf2)):
         q.load_state_dict({k: p[i] for k, p in u.q_params.items()})
     return u, actor, qf1, qf2
@@ -186,8 +189,8 @@ def test_buffer_wraps_and_samples_only_what_was_written(script):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_resume_continues(smoke, script, tmp_path):
-    """--resume restores networks, optimizers and alpha, and continues the step count; the empty buffer refills for
-    learning_starts steps (acting with the restored policy) before updates start again."""
+    """--resume restores networks, optimizers and SAC's alpha, and continues the step count; the empty buffer
+    refills for learning_starts steps (acting with the restored policy) before updates start again."""
     _, first = smoke[script]
     ckpt = torch.load(first / "agent.pt", weights_only=True)
     assert ckpt["global_step"] == 600 and ckpt["script"] == script[:-3]
@@ -195,12 +198,12 @@ def test_resume_continues(smoke, script, tmp_path):
     run_script(script, *flags, "--resume", str(first / "agent.pt"), log_dir=tmp_path / "resumed")
     rows = read_metrics(tmp_path / "resumed")
     assert [r["global_step"] for r in rows] == [800, 1000] and [r["buffer"] for r in rows] == [200, 400]
-    assert abs(rows[0]["alpha"] - read_metrics(first)[-1]["alpha"]) < 1e-3  # not restarted at 0.2
+    if script.startswith("sac"):
+        assert abs(rows[0]["alpha"] - read_metrics(first)[-1]["alpha"]) < 1e-3  # not restarted at 0.2
     assert np.isfinite(rows[1]["qf1_loss"])
 
 
-@pytest.mark.parametrize("script", [f"{a}_continuous_action{v}.py" for a in ("sac", "td3")
-                                    for v in ("", "_torchcompile")])
+@pytest.mark.parametrize("script", SCRIPTS)
 @pytest.mark.parametrize("flags,words", [(["--env-id", "Breakout-v5"], ["--env-id", "atari"]),
                                          (["--num-envs", "4"], ["--num-envs", "one env"])])
 def test_bad_input_from_the_command_line(script, flags, words, tmp_path):

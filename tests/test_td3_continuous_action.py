@@ -1,70 +1,17 @@
-"""TD3 continuous control (MuJoCo through envpool): smoke runs of both scripts (the torchcompile one with --compile),
-the update units against CleanRL's autograd update on the baseline's networks, compiled against eager, the replay
-buffer, checkpoints and --resume, bad input.
-
-The smoke budget: 600 steps, updates from step 200, batch 32 in a buffer of 500 (so the runs wrap it around).
-"""
+"""TD3 continuous control (MuJoCo through envpool): the update units against CleanRL's autograd update on the
+baseline's networks, compiled against eager. The smoke runs, --resume, the buffer and bad input of TD3's scripts are
+tested with SAC's, in tests/test_sac_continuous_action.py (the scripts have the same shape)."""
 
 import numpy as np
-import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import read_metrics, read_summary, run_script, script_fixture, smoke_runs
-
-SCRIPTS = ("td3_continuous_action.py", "td3_continuous_action_torchcompile.py")
-TINY = ["--total-timesteps", "600", "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "500",
-        "--log-every", "200", "--measure-burnin", "100", "--num-threads", "1"]
-RUNS = {"td3_continuous_action.py": ("--cudagraphs", "--save-model"),
-        "td3_continuous_action_torchcompile.py": ("--compile", "--cudagraphs", "--save-model")}
-LOSSES = ("qf1_loss", "qf2_loss", "qf1_values", "actor_loss")
-N_OBS, N_ACT, B = 17, 6, 32
+from conftest import script_fixture
+from test_sac_continuous_action import B, N_ACT, N_OBS, fixed_batch, make_pair
 
 
 base = script_fixture("td3_continuous_action")
 tc = script_fixture("td3_continuous_action_torchcompile")
-
-
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    return {script: run for (script, _), run in smoke_runs(RUNS.items(), tmp_path_factory, TINY).items()}
-
-
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_smoke_writes_logs(smoke, script):
-    proc, log_dir = smoke[script]
-    rows = read_metrics(log_dir)
-    assert [r["global_step"] for r in rows] == [200, 400, 600]
-    assert [r["buffer"] for r in rows] == [200, 400, 500]  # the ring buffer holds at most --buffer-size
-    assert rows[0]["qf1_loss"] is None  # no update yet
-    for row in rows[1:]:
-        assert all(np.isfinite(row[k]) for k in LOSSES + ("t_update", "t_env"))
-    assert rows[1]["fps"] is None and rows[2]["fps"] > 0  # fps only after learning_starts + 100 burn-in steps
-    summary = read_summary(log_dir)
-    assert summary["script"] == script[:-3] and summary["global_step"] == 600 and summary["num_threads"] == 1
-    assert (summary["compile_time"] or 0) > 0 if "--compile" in RUNS[script] else summary["compile_time"] is None
-    said = [ln for ln in proc.stderr.splitlines() if "--cudagraphs" in ln]
-    assert len(said) == 1 and "ignored" in said[0], proc.stderr
-
-
-def fixed_batch(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return dict(obs=torch.randn(B, N_OBS, generator=g), actions=torch.rand(B, N_ACT, generator=g) * 2 - 1,
-                rewards=torch.randn(B, generator=g), next_obs=torch.randn(B, N_OBS, generator=g),
-                terminations=(torch.rand(B, generator=g) < 0.2).float())
-
-
-def make_pair(base, tc, compiled=False, seed=0):
-    """The baseline's networks and the torchcompile script's units, holding the same parameters."""
-    low, high = -np.ones(N_ACT, np.float32), np.ones(N_ACT, np.float32)
-    args = tc.Args(batch_size=B)
-    torch.manual_seed(seed)
-    u = tc.make_units(args, N_OBS, N_ACT, low, high, torch.device("cpu"), compiled)
-    actor, qf1, qf2 = base.Actor(N_OBS, N_ACT, low, high), base.QNetwork(N_OBS, N_ACT), base.QNetwork(N_OBS, N_ACT)
-    actor.load_state_dict(u.actor.state_dict(), strict=False)  # the units' actor also holds the bounds
-    for i, q in enumerate((qf1, qf2)):
-        q.load_state_dict({k: p[i] for k, p in u.q_params.items()})
-    return u, actor, qf1, qf2
 
 
 def cleanrl_update(base, actor, qf1, qf2, batch, noise, gamma=0.99, tau=0.005, policy_noise=0.2, noise_clip=0.5):
@@ -145,18 +92,3 @@ def test_compiled_units_equal_eager(base, tc):
     action = compiled.policy(obs, noise)
     torch.testing.assert_close(action, eager.policy(obs, noise), rtol=1e-4, atol=1e-5)
     assert action.abs().max() == 1.0
-
-
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_resume_continues(smoke, script, tmp_path):
-    """--resume restores networks and optimizers, and continues the step count; the empty buffer refills for
-    learning_starts steps (acting with the restored policy) before updates start again."""
-    _, first = smoke[script]
-    ckpt = torch.load(first / "agent.pt", weights_only=True)
-    assert ckpt["global_step"] == 600 and ckpt["script"] == script[:-3]
-    flags = [f if f != "600" else "1000" for f in TINY]
-    run_script(script, *flags, "--resume", str(first / "agent.pt"), log_dir=tmp_path / "resumed")
-    rows = read_metrics(tmp_path / "resumed")
-    assert [r["global_step"] for r in rows] == [800, 1000] and [r["buffer"] for r in rows] == [200, 400]
-    assert np.isfinite(rows[1]["qf1_loss"])
-
