@@ -6,7 +6,7 @@ by `--compile` in torch.compile, by `--cudagraphs` (CUDA only) in tensordict's C
 as uint8. `--bf16` runs the CNN trunk under bf16 autocast where the hardware has native bfloat16 (AVX512-BF16/AMX
 CPUs): the update's cost halves, losses, ratios and value targets stay fp32; opt-in, as Breakout learned slower
 (doc/atari.md). Gumbel-max sampling from noise the loop draws with its own generator: the policy holds no random op.
-`--split-envs` steps the envs as two envpool pools, so one half's emulators run while the policy acts for the other.
+`--split-envs` (on with CUDA) steps two envpool pools: one half's emulators run while the policy acts for the other.
 
     python leanrl/ppo_atari_envpool_torchcompile.py --compile                 # CPU or GPU
     python leanrl/ppo_atari_envpool_torchcompile.py --compile --bf16          # faster; see doc/atari.md on learning
@@ -110,10 +110,12 @@ class Args:
     """path of an agent.pt written by --save-model: continue that run (the games restart, see load_checkpoint)"""
     num_threads: int = 2
     """torch intra-op threads (2 measures fastest on a 2-core CPU: the update's convolutions dominate)"""
-    split_envs: bool = True
+    split_envs: bool = torch.cuda.is_available()
     """step the envs as two envpool pools, one half each: one half's emulators run while the policy acts for the
-    other (and its actions are copied to the host), so the envs need not wait for the policy. Every env sees the
-    transitions it sees in one pool; the policy runs on half batches"""
+    other and its actions come back to the host, so the envs need not wait for the policy (the same transitions as one
+    pool; the policy acts on half batches). On where CUDA is available (the emulators wait on the GPU policy there),
+    off on a CPU, where it pays only with a core the policy leaves free (2 cores, --compile: even with --num-threads
+    1, 20% slower with the default 2; doc/atari.md)"""
 
 
 def fail(message: str):
@@ -294,11 +296,11 @@ def policy(agent: Agent, obs, gumbel):
 
 
 def rollout(pools: list, acts: list, next_obs, next_done, buf: TensorDict, stats: EpisodeStats, gumbel):
-    """num_steps of every env into `buf`, acting on the noise `gumbel` [steps, envs, actions]; `next_obs` and
-    `next_done` are updated in place. Pipelined: at each step each pool in turn is received, acted for (with its own
-    unit of `acts`) and sent its actions, so a pool's emulators run while the policy acts for the next pool (with one
-    pool this is a synchronous step). The last step is received before the return: the update needs the whole
-    rollout. Returns the time split: t_env waiting in recv, t_policy the rest."""
+    """num_steps of every env into `buf`, acting on the noise `gumbel` [steps, envs, actions]; updates `next_obs` and
+    `next_done` in place. At each step each pool in turn is received, acted for (by its unit of `acts`) and sent its
+    actions, so its emulators run while the policy acts for the next pool (one pool: a synchronous step). The last
+    step is received before the return (no step in flight during the update). Returns t_env (waiting in recv) and
+    t_policy (the rest)."""
     t_env, t0 = 0.0, time.perf_counter()
     for step in range(buf.shape[0] + 1):
         for (lo, envs), act in zip(pools, acts):

@@ -20,8 +20,10 @@ ROW_FIELDS = ("iteration", "global_step", "fps", "episodic_return", "t_rollout",
               "t_update", "lr", "approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
 SUMMARY_FIELDS = ("script", "env_id", "seed", "flags", "device", "torch", "cpu", "gpu", "num_threads",
                   "total_timesteps", "wall_time", "fps", "final_return", "compile_time")
-# (script, extra flags): plain with --cudagraphs (ignored on CPU) and --save-model, then --compile
-RUNS = [(s, flags) for s in SCRIPTS for flags in (("--cudagraphs", "--save-model"), ("--compile",))]
+# (script, extra flags): plain with --cudagraphs (ignored on CPU) and --save-model, then --compile; and the main loop on
+# two env pools (off by default on a CPU), 2 envs x 32 steps for the same 64 steps an iteration
+RUNS = [(s, flags) for s in SCRIPTS for flags in (("--cudagraphs", "--save-model"), ("--compile",))] + [
+    ("ppo_atari_envpool_torchcompile.py", ("--split-envs", "--num-envs", "2", "--num-steps", "32"))]
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +55,7 @@ def test_smoke_writes_logs(smoke, script, flags):
     assert (summary["compile_time"] is not None) == ("--compile" in flags)
     if script == "ppo_atari_envpool_torchcompile.py":  # a compiled run says, once, that its first iteration compiles
         assert proc.stderr.count("compiling the units on their first call") == ("--compile" in flags)
+        assert summary["flags"]["split_envs"] == ("--split-envs" in flags or torch.cuda.is_available())
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
