@@ -6,6 +6,7 @@ by `--compile` in torch.compile, by `--cudagraphs` (CUDA only) in tensordict's C
 as uint8. `--bf16` runs the CNN trunk under bf16 autocast where the hardware has native bfloat16 (AVX512-BF16/AMX
 CPUs): the update's cost halves, losses, ratios and value targets stay fp32; opt-in, as Breakout learned slower
 (doc/atari.md). Gumbel-max sampling from noise the loop draws with its own generator: the policy holds no random op.
+`--split-envs` (on with CUDA) steps two envpool pools: one half's emulators run while the policy acts for the other.
 
     python leanrl/ppo_atari_envpool_torchcompile.py --compile                 # CPU or GPU
     python leanrl/ppo_atari_envpool_torchcompile.py --compile --bf16          # faster; see doc/atari.md on learning
@@ -109,6 +110,12 @@ class Args:
     """path of an agent.pt written by --save-model: continue that run (the games restart, see load_checkpoint)"""
     num_threads: int = 2
     """torch intra-op threads (2 measures fastest on a 2-core CPU: the update's convolutions dominate)"""
+    split_envs: bool = torch.cuda.is_available()
+    """step the envs as two envpool pools, one half each: one half's emulators run while the policy acts for the
+    other and its actions come back to the host, so the envs need not wait for the policy (the same transitions as one
+    pool; the policy acts on half batches). On where CUDA is available (the emulators wait on the GPU policy there),
+    off on a CPU, where it pays only with a core the policy leaves free (2 cores, --compile: even with --num-threads
+    1, 20% slower with the default 2; doc/atari.md)"""
 
 
 def fail(message: str):
@@ -184,11 +191,23 @@ def check_log_dir(args: Args):
         fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
 
 
-def make_envs(args: Args, seed: int):
+def pool_sizes(args: Args) -> list:
+    half = args.num_envs // 2 if args.split_envs else 0  # one env makes one pool
+    return [args.num_envs - half, half] if half else [args.num_envs]
+
+
+def make_envs(args: Args, seed: int, num_envs: int):
     # CleanRL's settings: 84x84 grey frames, 4 stacked, frameskip 4; a lost life ends the (training) episode and
     # rewards are clipped to their sign. The real game score comes back unclipped in info["reward"].
-    return envpool.make(args.env_id, env_type="gym", num_envs=args.num_envs, episodic_life=True, reward_clip=True,
+    return envpool.make(args.env_id, env_type="gym", num_envs=num_envs, episodic_life=True, reward_clip=True,
                         seed=seed)
+
+
+def make_pools(args: Args, seed: int) -> list:
+    """The envs as envpool pools, (index of the pool's first env, pool). envpool seeds env i of a pool with seed + i,
+    so the pool that starts at env `lo` gets seed + lo: every env plays the games it plays in a single pool."""
+    los = np.cumsum([0] + pool_sizes(args)[:-1]).tolist()
+    return [(lo, make_envs(args, seed + lo, n)) for lo, n in zip(los, pool_sizes(args))]
 
 
 class EpisodeStats:
@@ -199,8 +218,8 @@ class EpisodeStats:
         self.score = np.zeros(num_envs)
         self.returns, self.lengths = deque(maxlen=window), deque(maxlen=window)
 
-    def step(self, info: dict, truncated: np.ndarray):
-        ids = info["env_id"]
+    def step(self, info: dict, truncated: np.ndarray, offset: int = 0):
+        ids = info["env_id"] + offset  # a pool numbers its envs from 0; `offset` is the index of its first env
         self.score[ids] += info["reward"]
         over = np.logical_or(info["terminated"], truncated)
         self.returns.extend(self.score[ids[over]].tolist())
@@ -276,26 +295,31 @@ def policy(agent: Agent, obs, gumbel):
     return action, logprob, value
 
 
-def rollout(envs, policy, next_obs, next_done, buf: TensorDict, stats: EpisodeStats, gumbel):
-    """num_steps of every env into `buf`, acting on the noise `gumbel` [steps, envs, actions]; returns the time split."""
-    t_env = t_policy = 0.0
-    device = next_obs.device
-    for step in range(buf.shape[0]):
-        t0 = time.perf_counter()
-        buf["obs"][step] = next_obs
-        buf["dones"][step] = next_done
-        action, logprob, value = policy(next_obs, gumbel[step])
-        buf["actions"][step], buf["logprobs"][step], buf["values"][step] = action, logprob, value
-        t1 = time.perf_counter()
-        obs_np, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
-        t2 = time.perf_counter()
-        stats.step(info, truncated)
-        # from_numpy shares the host arrays: on CPU nothing is copied until the buffer write above
-        next_obs = torch.from_numpy(obs_np).to(device, non_blocking=True)
-        next_done = torch.from_numpy(np.logical_or(terminated, truncated)).to(device, torch.float32, non_blocking=True)
-        buf["rewards"][step] = torch.from_numpy(reward).to(device, non_blocking=True)
-        t_env, t_policy = t_env + t2 - t1, t_policy + t1 - t0
-    return next_obs, next_done, t_env, t_policy
+def rollout(pools: list, acts: list, next_obs, next_done, buf: TensorDict, stats: EpisodeStats, gumbel):
+    """num_steps of every env into `buf`, acting on the noise `gumbel` [steps, envs, actions]; updates `next_obs` and
+    `next_done` in place. At each step each pool in turn is received, acted for (by its unit of `acts`) and sent its
+    actions, so its emulators run while the policy acts for the next pool (one pool: a synchronous step). The last
+    step is received before the return (no step in flight during the update). Returns t_env (waiting in recv) and
+    t_policy (the rest)."""
+    t_env, t0 = 0.0, time.perf_counter()
+    for step in range(buf.shape[0] + 1):
+        for (lo, envs), act in zip(pools, acts):
+            part = slice(lo, lo + len(envs))
+            if step > 0:
+                t1 = time.perf_counter()
+                obs_np, reward, terminated, truncated, info = envs.recv()
+                t_env += time.perf_counter() - t1
+                stats.step(info, truncated, lo)
+                next_obs[part] = torch.from_numpy(obs_np)
+                next_done[part] = torch.from_numpy(np.logical_or(terminated, truncated))
+                buf["rewards"][step - 1, part] = torch.from_numpy(reward)
+            if step < buf.shape[0]:
+                buf["obs"][step, part], buf["dones"][step, part] = next_obs[part], next_done[part]
+                action, logprob, value = act(next_obs[part], gumbel[step, part])
+                buf["actions"][step, part], buf["logprobs"][step, part], buf["values"][step, part] = \
+                    action, logprob, value
+                envs.send(action.cpu().numpy())
+    return t_env, time.perf_counter() - t0 - t_env
 
 
 def gae(next_value, next_done, rewards, values, dones, gamma: float, gae_lambda: float):
@@ -346,17 +370,20 @@ def make_units(agent: Agent, agent_inference: Agent, args: Args, device, compile
     # Adam step with its counters on the device (capturable), which torch.compile arranges by itself
     optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(args.learning_rate, device=device), eps=1e-5,
                                  capturable=args.cudagraphs and not args.compile)
+    # one acting unit per env pool: the pools differ in size with an odd --num-envs, and a CUDA graph captures one shape
     u = SimpleNamespace(agent=agent, agent_inference=agent_inference, optimizer=optimizer,
-                        act=partial(policy, agent_inference),
+                        acts=[partial(policy, agent_inference)] * len(pool_sizes(args)),
                         advantage=partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda),
                         learn=partial(update, agent, optimizer, args))
     if compiled:
-        u.act, u.advantage, u.learn = torch.compile(u.act), torch.compile(u.advantage), torch.compile(u.learn)
+        u.acts = [torch.compile(act) for act in u.acts]
+        u.advantage, u.learn = torch.compile(u.advantage), torch.compile(u.learn)
     return u
 
 
 def add_cudagraphs(u):
-    u.act, u.advantage, u.learn = CudaGraphModule(u.act), CudaGraphModule(u.advantage), CudaGraphModule(u.learn)
+    u.acts = [CudaGraphModule(act) for act in u.acts]
+    u.advantage, u.learn = CudaGraphModule(u.advantage), CudaGraphModule(u.learn)
 
 
 STAT_NAMES = ("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
@@ -437,17 +464,18 @@ def main(args: Args):
         args.cudagraphs = False
     use_bf16 = args.bf16 and bf16_supported(device)
 
-    envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
+    pools = make_pools(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
+    n_actions = pools[0][1].action_space.n
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
     # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed)
-    agent = Agent(envs.action_space.n, use_bf16).to(device)
+    agent = Agent(n_actions, use_bf16).to(device)
     u = make_units(agent, inference_copy(agent), args, device, args.compile)
     if args.cudagraphs:
         add_cudagraphs(u)
 
     shape = (args.num_steps, args.num_envs)
-    buf = TensorDict(obs=torch.zeros(shape + envs.observation_space.shape, dtype=torch.uint8),
+    buf = TensorDict(obs=torch.zeros(shape + pools[0][1].observation_space.shape, dtype=torch.uint8),
                      actions=torch.zeros(shape, dtype=torch.long), logprobs=torch.zeros(shape),
                      rewards=torch.zeros(shape), dones=torch.zeros(shape), values=torch.zeros(shape),
                      batch_size=shape, device=device)
@@ -461,7 +489,7 @@ def main(args: Args):
         stats.returns.extend(ckpt["returns"].tolist())
         stats.lengths.extend(ckpt["lengths"].tolist())
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-    next_obs = torch.from_numpy(envs.reset()[0]).to(device)
+    next_obs = torch.from_numpy(np.concatenate([envs.reset()[0] for _, envs in pools])).to(device)
     next_done = torch.zeros(args.num_envs, device=device)
 
     def checkpoint(iteration):
@@ -493,8 +521,8 @@ def main(args: Args):
                 lr = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
                 u.optimizer.param_groups[0]["lr"].copy_(lr)
 
-            gumbel = -torch.empty(shape + (envs.action_space.n,), device=device).exponential_(generator=rng).log()
-            next_obs, next_done, t_env, t_policy = rollout(envs, u.act, next_obs, next_done, buf, stats, gumbel)
+            gumbel = -torch.empty(shape + (n_actions,), device=device).exponential_(generator=rng).log()
+            t_env, t_policy = rollout(pools, u.acts, next_obs, next_done, buf, stats, gumbel)
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
 
@@ -545,7 +573,8 @@ def main(args: Args):
     finally:
         bar.close()
         metrics.close()
-        envs.close()
+        for _, envs in pools:
+            envs.close()
     if args.save_model and not forced and iteration >= start_iteration:
         checkpoint(iteration)
 
