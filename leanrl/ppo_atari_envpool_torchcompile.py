@@ -113,9 +113,9 @@ class Args:
     split_envs: bool = torch.cuda.is_available()
     """step the envs as two envpool pools, one half each: one half's emulators run while the policy acts for the
     other and its actions come back to the host, so the envs need not wait for the policy (the same transitions as one
-    pool; the policy acts on half batches). On where CUDA is available (the emulators wait on the GPU policy there),
-    off on a CPU, where it pays only with a core the policy leaves free (2 cores, --compile: even with --num-threads
-    1, 20% slower with the default 2; doc/atari.md)"""
+    pool; the policy acts on half batches). Default: on where CUDA is available (the emulators wait on the GPU policy
+    there), off on a CPU, where it pays only with a core the policy leaves free (2 cores: the rollout 2-10% faster with
+    --num-threads 1, ~20% slower with the default 2; doc/atari.md)"""
 
 
 def fail(message: str):
@@ -435,7 +435,7 @@ def load_checkpoint(args: Args) -> dict:
     if not os.path.isfile(args.resume):
         fail(f"--resume {args.resume}: no such file")
     try:
-        ckpt = torch.load(args.resume, weights_only=True)
+        ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
         assert isinstance(ckpt, dict) and "args" in ckpt
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")

@@ -5,7 +5,8 @@ twice at its family's smallest budget on the GPU, eager and `--compile --cudagra
 losses must agree within 1e-3 (relative; compiled kernels only reorder sums, and both runs draw the same random
 numbers from the loop's generator, so the data are the same). The pruned scripts prune twice within the budget, with
 random ranking drawn from that generator: the graphs must be captured again for the new shapes, and every logged loss,
-before and after each step, must still agree.
+before and after each step, must still agree. `--host-actor` and `--split-envs` against their off switch: the same
+first iteration.
 """
 
 import pytest
@@ -47,3 +48,21 @@ def test_compile_cudagraphs_matches_eager_on_cuda(script, tmp_path):
         assert losses(g) == pytest.approx(losses(e), rel=1e-3, abs=1e-5), g["global_step"]
     if "pruned" in script:
         assert read_summary(tmp_path / "graphs")["prune_steps_done"] == 2
+
+
+# the GPU tricks against their off switch: a host copy of the actor and the split pools change float rounding only
+# (the policy on the host, on half batches), so the first iteration's data and losses are the same
+TRICKS = [("ppo_torchcompile.py", "--host-actor", "--no-host-actor", SMOKE),
+          ("ppo_continuous_action_torchcompile.py", "--host-actor", "--no-host-actor", SMOKE),
+          ("ppo_atari_envpool_torchcompile.py", "--split-envs", "--no-split-envs",
+           ["--num-envs", "4", "--num-steps", "64", "--total-timesteps", "512"])]
+
+
+@pytest.mark.parametrize("script,on,off,budget", TRICKS, ids=[f"{t[0][:-3]}{t[1]}" for t in TRICKS])
+def test_gpu_tricks_change_no_number(script, on, off, budget, tmp_path):
+    for flag in (on, off):
+        run_script(script, *budget, "--seed", "1", "--compile", "--cudagraphs", flag, log_dir=tmp_path / flag,
+                   timeout=900)
+    first_on, first_off = read_metrics(tmp_path / on)[0], read_metrics(tmp_path / off)[0]
+    assert losses(first_on) and losses(first_on) == pytest.approx(losses(first_off), rel=1e-3, abs=1e-5)
+    assert first_on["episodic_return"] == first_off["episodic_return"]
