@@ -2,10 +2,10 @@
 
 The algorithm, Q-network and defaults of dqn.py (CleanRL's), cut into units that torch.compile and CUDA graphs can
 wrap: `act` (one epsilon-greedy step), `update` (TD step, optimizer step inside), `update_target`. At these sizes a
-step costs its machinery, not its arithmetic, so the tricks remove machinery: exploration drawn on the device for a
-chunk of steps at once (`draw_choices`), one transfer per chunk; transitions staged in numpy, one copy per field
-into the device buffer per update; `update` gathers its batch, takes gradients with torch.func.grad and applies
-torch.optim's functional Adam, one compiled graph; lr a tensor; guards skipped once every unit has compiled.
+step costs its machinery, not its arithmetic, so the tricks remove machinery: on a CPU, the greedy action from numpy
+views of the weights; exploration drawn on the device for a chunk of steps at once, one transfer per chunk; steps
+staged in numpy, one copy per field into the device buffer per update; `update` gathers its batch, takes gradients
+with torch.func.grad and applies torch.optim's functional Adam (one compiled graph); lr a tensor; guards skipped.
 
     python leanrl/dqn_torchcompile.py --compile               # CPU or GPU
     python leanrl/dqn_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the three units
@@ -91,6 +91,8 @@ class Args:
     """if toggled, wrap the act, update and target units in torch.compile"""
     cudagraphs: bool = False
     """if toggled, wrap the act, update and target units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
+    numpy_act: bool = True
+    """if toggled, a CPU learner acts with numpy views of the Q-network's weights instead of torch (ignored on CUDA)"""
     measure_burnin: int = 1000
     """env steps after learning_starts left out of the steady-state fps (compilation and warm-up happen there)"""
     log_every: int = 1000
@@ -191,6 +193,13 @@ def act(q_network, obs):
         return q_network(obs).argmax(-1)
 
 
+def numpy_act(q_network):
+    """`act` for one obs on a CPU, from numpy views of the weights (they share the Q-network's memory: every update is
+    seen). At one obs a torch forward is all per-op dispatch, ~50 us a step in the loop; numpy's three GEMVs take ~9."""
+    (w1, b1), (w2, b2), (w3, b3) = [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in list(q_network)[::2]]
+    return lambda obs: int((w3 @ np.maximum(w2 @ np.maximum(w1 @ obs + b1, 0) + b2, 0) + b3).argmax())
+
+
 def td_loss(params, q_network, obs, actions, td_target):
     q = torch.func.functional_call(q_network, params, (obs,)).gather(1, actions.unsqueeze(1)).squeeze(1)
     loss = F.mse_loss(td_target, q)
@@ -227,7 +236,7 @@ def make_units(q_network, target_network, rb, args, device):
     for p in q_network.parameters():  # the state `update` steps, created now rather than by a first optimizer.step()
         step = torch.zeros((), device=p.device if args.cudagraphs else "cpu")
         optimizer.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-    units = dict(act=functools.partial(act, q_network),
+    units = dict(act=numpy_act(q_network) if args.numpy_act else functools.partial(act, q_network),
                  update=functools.partial(update, q_network, target_network, optimizer, lr, args.gamma, rb.fields),
                  update_target=functools.partial(update_target, list(q_network.parameters()),
                                                  list(target_network.parameters()), args.tau))
@@ -240,14 +249,12 @@ def make_units(q_network, target_network, rb, args, device):
             setattr(u, name, fn)
             return out
         return first
-
     for name, fn in units.items():
         # a CPU call costs its overhead, not its arithmetic: C++ wrapper code instead of Python; on CUDA no options.
-        # On a CPU `act` stays eager: at one obs it measured 32 us eager, 38.5 compiled (cpp_wrapper), 48 compiled plain
+        # On a CPU `act` is not compiled: at one obs torch's took 32 us eager, 38.5 compiled (cpp_wrapper), 48 plain
         if args.compile and (name != "act" or device.type == "cuda"):
             fn = torch.compile(fn, options=dict(cpp_wrapper=True) if device.type == "cpu" else None)
-        if args.cudagraphs:
-            fn = CudaGraphModule(fn)
+        fn = CudaGraphModule(fn) if args.cudagraphs else fn
         setattr(u, name, timed_first_call(name, fn))
     return u
 
@@ -297,7 +304,6 @@ class ReplayBuffer:
             dst[:n - first].copy_(src[first:n], non_blocking=True)
         self.full = self.full or self.pos + n >= self.size
         self.pos, self.n = (self.pos + n) % self.size, 0
-
 
 
 def machine_info(device: torch.device) -> dict:
@@ -356,6 +362,7 @@ def main(args: Args):
     if args.cudagraphs and device.type != "cuda":
         print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
         args.cudagraphs = False
+    args.numpy_act = args.numpy_act and device.type == "cpu"
     # the loop's random numbers come from its own generator: torch.compile restores the global one after compiling
     rng = torch.Generator(device).manual_seed(args.seed)
 
@@ -404,7 +411,7 @@ def main(args: Args):
                 choices, k = draw_choices(args, rng, global_step, n, n_actions, device), 0
             action, k = choices[k], k + 1
             if action < 0:
-                action = u.act(torch.from_numpy(obs).to(device, non_blocking=True)).item()
+                action = u.act(obs) if args.numpy_act else u.act(torch.from_numpy(obs).to(device)).item()
             t1 = time.perf_counter()
             next_obs, reward, terminated, truncated, _ = env.step(action)
             t_env += time.perf_counter() - t1
@@ -467,11 +474,10 @@ def main(args: Args):
     if args.save_model and not forced and global_step > start_step:
         rb.flush()
         path = os.path.join(log_dir, "agent.pt")
-        torch.save(dict(
-            script=script, q_network=q_network.state_dict(), target_network=target_network.state_dict(),
-            optimizer=u.optimizer.state_dict(), buffer=rb.data.to_dict(), buffer_pos=rb.pos,
-            buffer_full=rb.full, args=asdict(args), global_step=global_step,
-            rng=rng.get_state(), finished=torch.tensor(list(finished), dtype=torch.float64)), path + ".tmp")
+        torch.save(dict(script=script, q_network=q_network.state_dict(), target_network=target_network.state_dict(),
+                        optimizer=u.optimizer.state_dict(), buffer=rb.data.to_dict(), buffer_pos=rb.pos,
+                        buffer_full=rb.full, args=asdict(args), global_step=global_step, rng=rng.get_state(),
+                        finished=torch.tensor(list(finished), dtype=torch.float64)), path + ".tmp")
         os.replace(path + ".tmp", path)  # atomic: a crash mid-write never leaves a truncated agent.pt
 
     summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),

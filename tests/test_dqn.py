@@ -15,7 +15,8 @@ ROW_FIELDS = {"iteration", "global_step", "time", "fps", "episodic_return", "eps
               "td_loss", "q_values"}
 SUMMARY_FIELDS = {"script", "env_id", "seed", "flags", "device", "torch", "cpu", "gpu", "num_threads",
                   "total_timesteps", "wall_time", "fps", "final_return", "compile_time"}
-RUNS = [(s, f) for s in SCRIPTS for f in ((), ("--compile",), ("--cudagraphs",))]
+# the last run acts through torch on a CPU, the path CUDA takes (by default a CPU acts with numpy_act)
+RUNS = [(s, f) for s in SCRIPTS for f in ((), ("--compile",), ("--cudagraphs",))] + [(SCRIPTS[1], ("--no-numpy-act",))]
 
 
 tc = script_fixture("dqn_torchcompile")
@@ -131,6 +132,25 @@ def test_act_is_greedy(tc):
         q[4].bias.copy_(torch.tensor([0.0, 100.0, -100.0]))  # greedy is action 1 whatever the obs
     assert tc.act(q, torch.randn(4)).item() == 1
     assert tc.act(q, torch.randn(5, 4)).tolist() == [1] * 5
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_numpy_act_follows_the_learner(tc, compiled):
+    """numpy_act gives act's greedy actions, also after updates (eager and compiled) that change them: it reads the
+    Q-network's own memory, so a copy taken once would fail here."""
+    q, target, rb, u = update_state(tc)
+    greedy = tc.numpy_act(q)
+    obs = torch.randn(300, 4, generator=torch.Generator().manual_seed(2))
+    before = tc.act(q, obs)
+    assert [greedy(o.numpy()) for o in obs] == before.tolist()
+    update = functools.partial(tc.update, q, target, u.optimizer, u.lr, 0.99, rb.fields)
+    update = torch.compile(update, options=dict(cpp_wrapper=True)) if compiled else update
+    u.lr.fill_(0.05)  # large steps, so that some greedy actions change
+    for seed in range(5):
+        update(torch.randint(0, 64, (32,), generator=torch.Generator().manual_seed(seed)))
+    after = tc.act(q, obs)
+    assert not torch.equal(after, before)
+    assert [greedy(o.numpy()) for o in obs] == after.tolist()
 
 
 def test_exploration_follows_the_schedule(tc):
