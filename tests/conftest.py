@@ -2,6 +2,7 @@ import contextlib
 import glob
 import importlib.util
 import json
+import math
 import os
 import signal
 import subprocess
@@ -11,9 +12,15 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ["--num-envs", "1", "--num-steps", "64", "--total-timesteps", "256"]
+# the PPO scripts' log schema (DESIGN.md): a metrics.jsonl row per iteration, and summary.json
+PPO_ROW_FIELDS = {"iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
+                  "t_update", "lr", "approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy"}
+PPO_SUMMARY_FIELDS = {"script", "env_id", "seed", "flags", "device", "torch", "cpu", "gpu", "num_threads",
+                      "total_timesteps", "wall_time", "fps", "final_return", "compile_time"}
 
 
 def process_tree(pid: int) -> list:
@@ -191,6 +198,50 @@ def smoke_runs(runs, tmp_path_factory, budget=(*SMOKE, "--num-threads", "1")) ->
         log_dir = tmp_path_factory.mktemp("smoke") / "run"
         out[script, flags] = run_script(script, *budget, *flags, log_dir=log_dir), log_dir
     return out
+
+
+def smoke_fixture(runs, budget=(*SMOKE, "--num-threads", "1")):
+    """A module-scoped fixture holding smoke_runs(runs, ..., budget): `smoke = smoke_fixture(RUNS)`."""
+    return pytest.fixture(scope="module")(lambda tmp_path_factory: smoke_runs(runs, tmp_path_factory, budget))
+
+
+def run_ids(runs) -> list:
+    """Test ids for (script, flags) pairs: the script's name with its flags."""
+    return [f"{s[:-3]}{''.join(f)}" for s, f in runs]
+
+
+def check_ppo_smoke_logs(run, script: str, flags, env_id: str, lr: float):
+    """A PPO smoke run (1 env x 64 steps, 256 steps, 3 burn-in iterations; `run` from smoke_runs): the schema's fields,
+    finite losses, fps only after the burn-in, lr annealed linearly; the summary's env, thread count, steps and compile
+    time; one line saying that --cudagraphs is ignored without CUDA. Returns (rows, summary) for the family's checks."""
+    proc, log_dir = run
+    rows, summary = read_metrics(log_dir), read_summary(log_dir)
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4]  # 256 steps / (1 env x 64 steps)
+    assert [r["global_step"] for r in rows] == [64, 128, 192, 256]
+    for row in rows:
+        assert PPO_ROW_FIELDS <= row.keys(), PPO_ROW_FIELDS - row.keys()
+        assert all(math.isfinite(row[k]) for k in ("pg_loss", "v_loss", "entropy", "approx_kl", "t_update"))
+    assert rows[0]["fps"] is None and rows[-1]["fps"] > 0  # fps counts only after the 3 burn-in iterations
+    assert rows[0]["lr"] == pytest.approx(lr) and rows[-1]["lr"] == pytest.approx(lr / 4)  # annealed
+    assert PPO_SUMMARY_FIELDS <= summary.keys(), PPO_SUMMARY_FIELDS - summary.keys()
+    assert summary["script"] == script[:-3] and summary["env_id"] == env_id
+    assert summary["num_threads"] == 1 and summary["global_step"] == 256
+    assert (summary["compile_time"] is not None) == ("--compile" in flags)
+    said = [ln for ln in proc.stderr.splitlines() if "--cudagraphs" in ln]
+    assert len(said) == ("--cudagraphs" in flags) and all("ignored" in ln for ln in said), proc.stderr
+    return rows, summary
+
+
+def resume_ppo_smoke(script: str, first: Path, log_dir: Path, *flags) -> dict:
+    """Resume a PPO smoke run's agent.pt (4 iterations, 256 steps) for two more iterations into `log_dir`, checking
+    that the step count goes on from the checkpoint's. Returns the checkpoint."""
+    ckpt = torch.load(first / "agent.pt", weights_only=True)
+    assert ckpt["iteration"] == 4 and ckpt["global_step"] == 256
+    run_script(script, *SMOKE[:4], "--total-timesteps", "384", "--num-threads", "1",
+               "--resume", str(first / "agent.pt"), *flags, log_dir=log_dir)
+    rows = read_metrics(log_dir)
+    assert [r["iteration"] for r in rows] == [5, 6] and rows[-1]["global_step"] == 384
+    return ckpt
 
 
 def script_fixture(name: str):

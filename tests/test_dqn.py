@@ -5,7 +5,7 @@ import functools
 import numpy as np
 import pytest
 import torch
-from conftest import assert_rejected, read_metrics, read_summary, run_script, script_fixture, smoke_runs
+from conftest import assert_rejected, read_metrics, read_summary, run_ids, run_script, script_fixture, smoke_fixture
 
 SCRIPTS = ["dqn.py", "dqn_torchcompile.py"]
 # the off-policy smoke budget: 600 steps, learning from step 200, fps measured from step 300
@@ -23,26 +23,29 @@ tc = script_fixture("dqn_torchcompile")
 base = script_fixture("dqn")
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    """Each script once per flag, shared by the tests below: a compiled run costs tens of seconds."""
-    return smoke_runs(RUNS, tmp_path_factory, [*TINY, "--save-model"])
+smoke = smoke_fixture(RUNS, [*TINY, "--save-model"])  # each script once per flag, shared by the tests below
 
 
-@pytest.mark.parametrize("script,flags", RUNS, ids=[f"{s[:-3]}{''.join(f)}" for s, f in RUNS])
-def test_smoke(smoke, script, flags):
-    proc, log_dir = smoke[script, flags]
+def check_dqn_smoke(run, script: str, flags, every: int):
+    """A DQN smoke run (tests/test_dqn_atari_envpool.py uses this too): six log lines of `every` steps, updates from
+    the third, fps from the fourth, the compile time where compiled, agent.pt at the end. Returns the run's pieces."""
+    proc, log_dir = run
     rows, summary = read_metrics(log_dir), read_summary(log_dir)
-    assert [r["global_step"] for r in rows] == [100, 200, 300, 400, 500, 600]
-    assert all(ROW_FIELDS <= r.keys() for r in rows)
-    assert [r["fps"] is None for r in rows] == [True] * 3 + [False] * 3  # measured from step 300 = 200 + 100
-    assert [r["td_loss"] is None for r in rows] == [True] * 2 + [False] * 4  # updates start after step 200
-    assert rows[-1]["episodic_return"] > 0 and summary["fps"] > 0
-    assert SUMMARY_FIELDS <= summary.keys() and summary["global_step"] == 600
-    assert (summary["compile_time"] is not None) == ("--compile" in flags)
-    assert ("--cudagraphs ignored" in proc.stderr) == ("--cudagraphs" in flags)
+    assert [r["global_step"] for r in rows] == [every * i for i in range(1, 7)]
+    assert [r["fps"] is None for r in rows] == [True] * 3 + [False] * 3  # measured from learning_starts + burn-in
+    assert [r["td_loss"] is None for r in rows] == [True] * 2 + [False] * 4  # updates start after learning_starts
+    assert summary["fps"] > 0 and (summary["compile_time"] is not None) == ("--compile" in flags)
     ckpt = torch.load(log_dir / "agent.pt", weights_only=True)
-    assert ckpt["script"] == script[:-3] and ckpt["global_step"] == 600
+    assert ckpt["script"] == script[:-3] and ckpt["global_step"] == 6 * every
+    return proc, rows, summary, ckpt
+
+
+@pytest.mark.parametrize("script,flags", RUNS, ids=run_ids(RUNS))
+def test_smoke(smoke, script, flags):
+    proc, rows, summary, _ = check_dqn_smoke(smoke[script, flags], script, flags, every=100)
+    assert all(ROW_FIELDS <= r.keys() for r in rows) and SUMMARY_FIELDS <= summary.keys()
+    assert rows[-1]["episodic_return"] > 0
+    assert ("--cudagraphs ignored" in proc.stderr) == ("--cudagraphs" in flags)
 
 
 def test_compile_says_units_compile_on_first_call(smoke):

@@ -7,14 +7,10 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import (SMOKE, assert_rejected, assert_user_error, load_script, read_metrics, read_metrics_so_far,
-                      read_summary, run_command, run_script, start_script)
+from conftest import (PPO_ROW_FIELDS, PPO_SUMMARY_FIELDS, SMOKE, assert_rejected, assert_user_error, load_script,
+                      read_metrics, read_metrics_so_far, read_summary, run_command, run_script, start_script)
 
 SCRIPTS = ["ppo.py", "ppo_torchcompile.py"]
-ROW_FIELDS = {"iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
-              "t_update", "lr", "approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy"}
-SUMMARY_FIELDS = {"script", "env_id", "seed", "flags", "device", "torch", "cpu", "gpu", "num_threads",
-                  "total_timesteps", "wall_time", "fps", "final_return", "compile_time"}
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +25,10 @@ def test_smoke(script, flag, log_dir):
     rows, summary = read_metrics(log_dir), read_summary(log_dir)
     assert [r["iteration"] for r in rows] == [1, 2, 3, 4]
     assert rows[-1]["global_step"] == 256
-    assert all(ROW_FIELDS <= r.keys() for r in rows)
+    assert all(PPO_ROW_FIELDS <= r.keys() for r in rows)
     assert [r["fps"] is None for r in rows] == [True, True, True, False]  # burn-in of 3 iterations
     assert rows[-1]["fps"] > 0 and rows[-1]["episodic_return"] > 0
-    assert SUMMARY_FIELDS <= summary.keys()
+    assert PPO_SUMMARY_FIELDS <= summary.keys()
     assert summary["flags"]["compile"] == (flag == "--compile")
     assert (summary["compile_time"] is not None) == (flag == "--compile")
     if flag == "--cudagraphs":  # no CUDA here: one line says so, and the run goes on
@@ -118,23 +114,27 @@ def test_update_matches_eager_autograd_step(tc):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
 
 
+def eager_and_compiled_update(tc, make_state, batch, inds, compile):
+    """One update from the same state (`make_state(tc, 0)`), eager and through `compile`: for each, the stats, the
+    parameters and Adam's second moments (tests/test_ppo_continuous_action.py uses this too)."""
+    results = []
+    for compiled in (False, True):
+        agent, optimizer, lr = make_state(tc, 0)
+        update = functools.partial(tc.update, agent, optimizer, lr, tc.Args())
+        stats = (compile(update) if compiled else update)(*batch, inds)
+        results.append((stats, [p.detach().clone() for p in agent.parameters()],
+                        [optimizer.state[p]["exp_avg_sq"].clone() for p in agent.parameters()]))
+    assert not torch.equal(results[0][1][0], next(make_state(tc, 0)[0].parameters()))  # the step did move them
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)  # the losses
+    return results
+
+
 def test_compiled_update_matches_eager(tc):
     """Same seed and state: the compiled update gives the eager update's losses and parameters.
     Tolerance: float32 with the reductions reordered by inductor, a few ulps on O(1) values."""
-    args = tc.Args()
-    batch, inds = random_batch(512), torch.randperm(512)[:128]
-    results = []
-    for compiled in (False, True):
-        agent, optimizer, lr = make_update_state(tc, 0)
-        update = functools.partial(tc.update, agent, optimizer, lr, args)
-        if compiled:
-            update = torch.compile(update, options=dict(cpp_wrapper=True, max_autotune=True))
-        stats = update(*batch, inds)
-        results.append((stats, [p.detach().clone() for p in agent.parameters()],
-                        [optimizer.state[p]["exp_avg_sq"].clone() for p in agent.parameters()]))
-    (s0, p0, v0), (s1, p1, v1) = results
-    torch.testing.assert_close(s1, s0, rtol=1e-5, atol=1e-6)
-    assert not torch.equal(p0[0], next(make_update_state(tc, 0)[0].parameters()))  # the step did move them
+    compile = functools.partial(torch.compile, options=dict(cpp_wrapper=True, max_autotune=True))
+    (_, p0, v0), (_, p1, v1) = eager_and_compiled_update(tc, make_update_state, random_batch(512),
+                                                         torch.randperm(512)[:128], compile)
     for a, b in zip(p0 + v0, p1 + v1):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
 

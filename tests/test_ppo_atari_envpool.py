@@ -13,67 +13,33 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from conftest import SMOKE, assert_user_error, load_script, read_metrics, read_summary, run_script, smoke_runs
+from conftest import (SMOKE, assert_user_error, check_ppo_smoke_logs, load_script, resume_ppo_smoke, run_ids,
+                      run_script, script_fixture, smoke_fixture)
 
 SCRIPTS = ("ppo_atari_envpool.py", "ppo_atari_envpool_torchcompile.py")
-ROW_FIELDS = ("iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
-              "t_update", "lr", "approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
-SUMMARY_FIELDS = ("script", "env_id", "seed", "flags", "device", "torch", "cpu", "gpu", "num_threads",
-                  "total_timesteps", "wall_time", "fps", "final_return", "compile_time")
 # (script, extra flags): plain with --cudagraphs (ignored on CPU) and --save-model, then --compile; and the main loop on
 # two env pools (off by default on a CPU), 2 envs x 32 steps for the same 64 steps an iteration
 RUNS = [(s, flags) for s in SCRIPTS for flags in (("--cudagraphs", "--save-model"), ("--compile",))] + [
     ("ppo_atari_envpool_torchcompile.py", ("--split-envs", "--num-envs", "2", "--num-steps", "32"))]
 
 
-@pytest.fixture(scope="module")
-def tc():
-    return load_script("ppo_atari_envpool_torchcompile")
+tc = script_fixture("ppo_atari_envpool_torchcompile")
+smoke = smoke_fixture(RUNS)
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    return smoke_runs(RUNS, tmp_path_factory)
-
-
-@pytest.mark.parametrize("script,flags", RUNS, ids=[f"{s[:-3]}{''.join(f)}" for s, f in RUNS])
+@pytest.mark.parametrize("script,flags", RUNS, ids=run_ids(RUNS))
 def test_smoke_writes_logs(smoke, script, flags):
-    proc, log_dir = smoke[script, flags]
-    rows = read_metrics(log_dir)
-    assert [r["iteration"] for r in rows] == [1, 2, 3, 4]  # 256 steps / (1 env x 64 steps)
-    assert [r["global_step"] for r in rows] == [64, 128, 192, 256]
-    for row in rows:
-        assert set(ROW_FIELDS) <= set(row), set(ROW_FIELDS) - set(row)
-        assert all(np.isfinite(row[k]) for k in ("pg_loss", "v_loss", "entropy", "approx_kl", "t_update"))
-        assert 0 < row["entropy"] <= np.log(4) + 1e-5  # Breakout has 4 actions
-    assert rows[0]["fps"] is None and rows[-1]["fps"] > 0  # fps counts only after the 3 burn-in iterations
-    assert rows[0]["lr"] == pytest.approx(2.5e-4) and rows[-1]["lr"] == pytest.approx(2.5e-4 / 4)  # annealed
-    summary = read_summary(log_dir)
-    assert set(SUMMARY_FIELDS) <= set(summary), set(SUMMARY_FIELDS) - set(summary)
-    assert summary["script"] == script[:-3] and summary["env_id"] == "Breakout-v5"
-    assert summary["num_threads"] == 1 and summary["global_step"] == 256
-    assert (summary["compile_time"] is not None) == ("--compile" in flags)
+    proc, _ = smoke[script, flags]
+    rows, summary = check_ppo_smoke_logs(smoke[script, flags], script, flags, "Breakout-v5", 2.5e-4)
+    assert all(0 < row["entropy"] <= np.log(4) + 1e-5 for row in rows)  # Breakout has 4 actions
     if script == "ppo_atari_envpool_torchcompile.py":  # a compiled run says, once, that its first iteration compiles
         assert proc.stderr.count("compiling the units on their first call") == ("--compile" in flags)
         assert summary["flags"]["split_envs"] == ("--split-envs" in flags or torch.cuda.is_available())
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_cudagraphs_without_cuda_is_ignored_with_one_line(smoke, script):
-    proc, _ = smoke[script, ("--cudagraphs", "--save-model")]
-    said = [ln for ln in proc.stderr.splitlines() if "--cudagraphs" in ln]
-    assert len(said) == 1 and "ignored" in said[0], proc.stderr
-
-
-@pytest.mark.parametrize("script", SCRIPTS)
 def test_resume_continues_from_the_checkpoint(smoke, script, tmp_path):
-    _, first = smoke[script, ("--cudagraphs", "--save-model")]
-    ckpt = torch.load(first / "agent.pt", weights_only=True)
-    assert ckpt["iteration"] == 4 and ckpt["global_step"] == 256
-    run_script(script, "--num-envs", "1", "--num-steps", "64", "--total-timesteps", "384", "--num-threads", "1",
-               "--resume", str(first / "agent.pt"), log_dir=tmp_path)
-    rows = read_metrics(tmp_path)
-    assert [r["iteration"] for r in rows] == [5, 6] and rows[-1]["global_step"] == 384
+    resume_ppo_smoke(script, smoke[script, ("--cudagraphs", "--save-model")][1], tmp_path)
 
 
 def test_inference_copy_shares_storage_and_needs_no_grad(tc):

@@ -8,12 +8,11 @@ only the runs the assertions need are made.
 from pathlib import Path
 
 import pytest
-from conftest import SMOKE, assert_rejected, read_metrics, read_summary, run_script
+from conftest import PPO_ROW_FIELDS, SMOKE, assert_rejected, read_metrics, read_summary, run_script
 
 CLASSIC, ATARI = "ppo_compile_async_torchcompile.py", "ppo_atari_envpool_compile_async_torchcompile.py"
 SCRIPTS = (CLASSIC, ATARI)
-ROW_FIELDS = {"iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
-              "t_update", "lr", "approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "compiled"}
+ROW_FIELDS = PPO_ROW_FIELDS | {"compiled"}
 
 
 def assert_async_compile_matches_eager(script: str, tmp_path: Path, tol: float, compared: int = 4, extra=()):

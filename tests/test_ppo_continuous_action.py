@@ -11,14 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_rejected, load_script, read_metrics, read_summary, run_script, script_fixture, smoke_runs
-from test_ppo import assert_same_buffers, is_current_copy, numpy_gae
+from conftest import (assert_rejected, check_ppo_smoke_logs, load_script, resume_ppo_smoke, run_ids, script_fixture,
+                      smoke_fixture)
+from test_ppo import assert_same_buffers, eager_and_compiled_update, is_current_copy, numpy_gae
 
 SCRIPTS = ("ppo_continuous_action.py", "ppo_continuous_action_torchcompile.py")
-ROW_FIELDS = ("iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
-              "t_update", "lr", "approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
-SUMMARY_FIELDS = ("script", "env_id", "seed", "flags", "device", "torch", "cpu", "gpu", "num_threads",
-                  "total_timesteps", "wall_time", "fps", "final_return", "compile_time")
 # (script, extra flags): plain with --cudagraphs (ignored on CPU) and --save-model, then --compile
 RUNS = [(s, flags) for s in SCRIPTS for flags in (("--cudagraphs", "--save-model"), ("--compile",))]
 GAMMA = 0.99
@@ -26,58 +23,29 @@ GAMMA = 0.99
 
 base = script_fixture("ppo_continuous_action")
 tc = script_fixture("ppo_continuous_action_torchcompile")
+smoke = smoke_fixture(RUNS)
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    return smoke_runs(RUNS, tmp_path_factory)
-
-
-@pytest.mark.parametrize("script,flags", RUNS, ids=[f"{s[:-3]}{''.join(f)}" for s, f in RUNS])
+@pytest.mark.parametrize("script,flags", RUNS, ids=run_ids(RUNS))
 def test_smoke_writes_logs(smoke, script, flags):
-    _, log_dir = smoke[script, flags]
-    rows = read_metrics(log_dir)
-    assert [r["iteration"] for r in rows] == [1, 2, 3, 4]  # 256 steps / (1 env x 64 steps)
-    assert [r["global_step"] for r in rows] == [64, 128, 192, 256]
+    rows, summary = check_ppo_smoke_logs(smoke[script, flags], script, flags, "HalfCheetah-v4", 3e-4)
     for row in rows:
-        assert set(ROW_FIELDS) <= set(row), set(ROW_FIELDS) - set(row)
-        assert all(np.isfinite(row[k]) for k in ("pg_loss", "v_loss", "entropy", "approx_kl", "t_update"))
         # HalfCheetah: 6 action dims, entropy 6 * (0.5 + 0.5 log 2 pi + log std) = 8.51 at std 1, moving slowly
         assert abs(row["entropy"] - 8.51) < 0.1
         assert row["episodic_return"] is None  # an episode is 1000 steps: none ends in 256
-    assert rows[0]["fps"] is None and rows[-1]["fps"] > 0  # fps counts only after the 3 burn-in iterations
-    assert rows[0]["lr"] == pytest.approx(3e-4) and rows[-1]["lr"] == pytest.approx(3e-4 / 4)  # annealed
-    summary = read_summary(log_dir)
-    assert set(SUMMARY_FIELDS) <= set(summary), set(SUMMARY_FIELDS) - set(summary)
-    assert summary["script"] == script[:-3] and summary["env_id"] == "HalfCheetah-v4"
-    assert summary["num_threads"] == 1 and summary["global_step"] == 256
-    assert (summary["compile_time"] is not None) == ("--compile" in flags)
     if "--compile" in flags:
         assert summary["compile_time"] > 0
-
-
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_cudagraphs_without_cuda_is_ignored_with_one_line(smoke, script):
-    proc, _ = smoke[script, ("--cudagraphs", "--save-model")]
-    said = [ln for ln in proc.stderr.splitlines() if "--cudagraphs" in ln]
-    assert len(said) == 1 and "ignored" in said[0], proc.stderr
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_checkpoint_holds_the_normalizer_and_resume_restores_it(smoke, script, tmp_path):
     """The normalizer's statistics are in agent.pt, and a resumed run carries on from them: its counts continue
     from the checkpoint's (a fresh normalizer would count only the resumed run's observations)."""
-    _, first = smoke[script, ("--cudagraphs", "--save-model")]
-    ckpt = torch.load(first / "agent.pt", weights_only=True)
-    assert ckpt["iteration"] == 4 and ckpt["global_step"] == 256
+    ckpt = resume_ppo_smoke(script, smoke[script, ("--cudagraphs", "--save-model")][1], tmp_path, "--save-model")
     obs_rms, ret_rms = ckpt["normalizer"]["obs_rms"], ckpt["normalizer"]["ret_rms"]
     assert obs_rms["mean"].shape == (17,) and obs_rms["var"].shape == (17,)
     assert obs_rms["count"].item() == pytest.approx(1e-4 + 1 + 256)  # the reset observation and one per step
     assert ret_rms["count"].item() == pytest.approx(1e-4 + 256)  # one discounted return per step
-    run_script(script, "--num-envs", "1", "--num-steps", "64", "--total-timesteps", "384", "--num-threads", "1",
-               "--resume", str(first / "agent.pt"), "--save-model", log_dir=tmp_path)
-    rows = read_metrics(tmp_path)
-    assert [r["iteration"] for r in rows] == [5, 6] and rows[-1]["global_step"] == 384
     resumed = torch.load(tmp_path / "agent.pt", weights_only=True)["normalizer"]
     assert resumed["obs_rms"]["count"].item() == pytest.approx(1e-4 + 257 + 1 + 128)  # envs restart: a new reset
     assert resumed["ret_rms"]["count"].item() == pytest.approx(1e-4 + 384)
@@ -249,20 +217,10 @@ def test_compiled_update_matches_eager(tc):
     Tolerance: float32 with the reductions reordered by inductor, a few ulps on O(1) values. Adam's first step moves
     a parameter by lr * g / (|g| + eps), at most lr, and is sensitive to gradient rounding only where |g| ~ eps:
     parameters must agree within 1% of lr (seen: 0.05%)."""
-    args = tc.Args()
-    batch, inds = random_batch(256), torch.randperm(256)[:64]
-    results = []
-    for compiled in (False, True):
-        agent, optimizer, lr = make_update_state(tc, 0)
-        update = functools.partial(tc.update, agent, optimizer, lr, args)
-        stats = (torch.compile(update) if compiled else update)(*batch, inds)
-        results.append((stats, [p.detach().clone() for p in agent.parameters()],
-                        [optimizer.state[p]["exp_avg_sq"].clone() for p in agent.parameters()]))
-    (s0, p0, v0), (s1, p1, v1) = results
-    torch.testing.assert_close(s1, s0, rtol=1e-5, atol=1e-6)
-    assert not torch.equal(p0[0], next(make_update_state(tc, 0)[0].parameters()))  # the step did move them
+    (_, p0, v0), (_, p1, v1) = eager_and_compiled_update(tc, make_update_state, random_batch(256),
+                                                         torch.randperm(256)[:64], torch.compile)
     for a, b in zip(p0, p1):
-        torch.testing.assert_close(b, a, rtol=0, atol=0.01 * args.learning_rate)
+        torch.testing.assert_close(b, a, rtol=0, atol=0.01 * tc.Args().learning_rate)
     for a, b in zip(v0, v1):  # Adam's second moments: the squared gradients
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-12)
 

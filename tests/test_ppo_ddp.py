@@ -17,13 +17,11 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import (ROOT, SMOKE, Child, assert_rejected, assert_user_error, load_script, read_metrics,
-                      read_metrics_so_far, read_summary, run_command, run_script)
+from conftest import (PPO_ROW_FIELDS, PPO_SUMMARY_FIELDS, ROOT, SMOKE, Child, assert_rejected, assert_user_error,
+                      load_script, read_metrics, read_metrics_so_far, read_summary, run_command, run_ids, run_script)
 
-ROW_FIELDS = {"iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
-              "t_update", "lr", "approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "world_size", "t_sync"}
-SUMMARY_FIELDS = {"script", "env_id", "seed", "flags", "device", "torch", "cpu", "gpu", "num_threads",
-                  "total_timesteps", "wall_time", "fps", "final_return", "compile_time", "world_size"}
+ROW_FIELDS = PPO_ROW_FIELDS | {"world_size", "t_sync"}
+SUMMARY_FIELDS = PPO_SUMMARY_FIELDS | {"world_size"}
 CLASSIC, ATARI = "ppo_ddp_torchcompile.py", "ppo_atari_envpool_ddp_torchcompile.py"
 
 
@@ -70,7 +68,7 @@ def test_torchrun_ranks_end_with_identical_parameters(two_ranks):
 SINGLE = [(s, f) for s in (CLASSIC, ATARI) for f in ((), ("--compile",), ("--cudagraphs",))]
 
 
-@pytest.mark.parametrize("script,flags", SINGLE, ids=[f"{s[:-3]}{''.join(f)}" for s, f in SINGLE])
+@pytest.mark.parametrize("script,flags", SINGLE, ids=run_ids(SINGLE))
 def test_single_process_without_launcher(script, flags, log_dir):
     proc = run_script(script, *SMOKE, "--num-threads", "1", *flags, log_dir=log_dir)
     rows, summary = read_metrics(log_dir), read_summary(log_dir)

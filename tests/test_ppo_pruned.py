@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from conftest import (SMOKE, assert_rejected, load_script, read_metrics, read_metrics_so_far, read_summary, run_script,
-                      smoke_runs, start_script)
+                      smoke_fixture, start_script)
 
 CLASSIC, ATARI = "ppo_pruned_torchcompile.py", "ppo_atari_envpool_pruned_torchcompile.py"
 # prune within the smoke budget of 4 iterations: before iterations 2 and 3, each taking half the 0.5 ratio
@@ -49,9 +49,7 @@ PARAMS = {
 }
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    return smoke_runs(RUNS, tmp_path_factory)
+smoke = smoke_fixture(RUNS)
 
 
 @pytest.mark.parametrize("script,flags", RUNS, ids=[f"{s[:-3]}{' '.join(f[6:])}" for s, f in RUNS])

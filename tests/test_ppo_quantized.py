@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_rejected, read_metrics, read_summary, run_script, script_fixture, smoke_runs
+from conftest import assert_rejected, read_metrics, read_summary, run_ids, run_script, script_fixture, smoke_fixture
 
 CLASSIC, ATARI = "ppo_quantized_torchcompile.py", "ppo_atari_envpool_quantized_torchcompile.py"
 # (script, extra flags): each script once compiled and once eager with --cudagraphs (ignored on CPU); a third Atari
@@ -27,9 +27,7 @@ classic = script_fixture("ppo_quantized_torchcompile")
 atari = script_fixture("ppo_atari_envpool_quantized_torchcompile")
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    return smoke_runs(RUNS, tmp_path_factory)
+smoke = smoke_fixture(RUNS)
 
 
 def rebuilt_at(flags) -> list:
@@ -40,7 +38,7 @@ def rebuilt_at(flags) -> list:
     return [1] + [i + 1 for i in due[1:] if i < 4] if "--quant-async" in flags else due
 
 
-@pytest.mark.parametrize("script,flags", RUNS, ids=[f"{s[:-3]}{''.join(f)}" for s, f in RUNS])
+@pytest.mark.parametrize("script,flags", RUNS, ids=run_ids(RUNS))
 def test_smoke(smoke, script, flags):
     proc, log_dir = smoke[script, flags]
     rows, summary = read_metrics(log_dir), read_summary(log_dir)

@@ -71,6 +71,19 @@ def make_pair(base, tc, compiled=False, seed=0):
     return u, actor, qf1, qf2
 
 
+def critic_step(qf1, qf2, q_opt, targets, batch, next_a, gamma, next_bonus=0.0):
+    """CleanRL's critic step, SAC's and TD3's: both Q-networks regress on the clipped double-Q target computed from the
+    target networks at `next_a` (SAC adds its entropy term as `next_bonus`), then one step of `q_opt`."""
+    with torch.no_grad():
+        min_next = torch.min(targets[0](batch["next_obs"], next_a), targets[1](batch["next_obs"], next_a)) + next_bonus
+        next_q = batch["rewards"] + (1 - batch["terminations"]) * gamma * min_next.view(-1)
+    q1, q2 = qf1(batch["obs"], batch["actions"]).view(-1), qf2(batch["obs"], batch["actions"]).view(-1)
+    loss = F.mse_loss(q1, next_q) + F.mse_loss(q2, next_q)
+    q_opt.zero_grad()
+    loss.backward()
+    q_opt.step()
+
+
 def cleanrl_update(base, actor, qf1, qf2, batch, seeds, gamma=0.99, tau=0.005, policy_frequency=2):
     """CleanRL's update (critic, then policy_frequency actor + alpha steps, then the target update) with autograd and
     torch.optim on the baseline's networks; get_action's noise comes from torch's global generator seeded by `seeds`."""
@@ -85,13 +98,7 @@ def cleanrl_update(base, actor, qf1, qf2, batch, seeds, gamma=0.99, tau=0.005, p
     torch.manual_seed(seeds[0])
     with torch.no_grad():
         next_a, next_logp, _ = actor.get_action(batch["next_obs"])
-        min_next = torch.min(targets[0](batch["next_obs"], next_a), targets[1](batch["next_obs"], next_a)) - alpha * next_logp
-        next_q = batch["rewards"] + (1 - batch["terminations"]) * gamma * min_next.view(-1)
-    q1, q2 = qf1(batch["obs"], batch["actions"]).view(-1), qf2(batch["obs"], batch["actions"]).view(-1)
-    loss = F.mse_loss(q1, next_q) + F.mse_loss(q2, next_q)
-    q_opt.zero_grad()
-    loss.backward()
-    q_opt.step()
+    critic_step(qf1, qf2, q_opt, targets, batch, next_a, gamma, next_bonus=-alpha * next_logp)
     for i in range(policy_frequency):
         torch.manual_seed(seeds[1 + 2 * i])
         pi, log_pi, _ = actor.get_action(batch["obs"])
@@ -124,6 +131,15 @@ def run_units(u, batch, seeds, policy_frequency=2):
     return torch.cat(stats)
 
 
+def assert_critics_match(u, qf1, qf2, targets):
+    """The units' stacked twin Q-networks and their targets against the baseline's (tests/test_td3_continuous_action.py
+    uses this too): rtol 1e-4, atol 1e-5."""
+    for i, (q, t) in enumerate(zip((qf1, qf2), targets)):
+        for (name, p), tp in zip(q.named_parameters(), t.parameters()):
+            torch.testing.assert_close(u.q_params[name][i].detach(), p.detach(), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(u.q_target[name][i], tp.detach(), rtol=1e-4, atol=1e-5)
+
+
 def test_units_match_cleanrl_update(base, tc):
     """One update step of the units (stacked twin Q via vmap, torch.func.grad, functional Adam, foreach lerp) against
     CleanRL's autograd + torch.optim update on the baseline's networks, same parameters and noise: equal up to
@@ -133,10 +149,7 @@ def test_units_match_cleanrl_update(base, tc):
     seeds, batch = [11, 12, 13, 14, 15], fixed_batch()
     targets, log_alpha = cleanrl_update(base, actor, qf1, qf2, batch, seeds)
     run_units(u, batch, seeds)
-    for i, (q, t) in enumerate(zip((qf1, qf2), targets)):
-        for (name, p), tp in zip(q.named_parameters(), t.parameters()):
-            torch.testing.assert_close(u.q_params[name][i].detach(), p.detach(), rtol=1e-4, atol=1e-5)
-            torch.testing.assert_close(u.q_target[name][i], tp.detach(), rtol=1e-4, atol=1e-5)
+    assert_critics_match(u, qf1, qf2, targets)
     for (name, p), q in zip(actor.named_parameters(), u.actor.parameters()):
         torch.testing.assert_close(q.detach(), p.detach(), rtol=1e-4, atol=1e-5, msg=name)
     torch.testing.assert_close(u.log_alpha, log_alpha, rtol=1e-5, atol=1e-7)

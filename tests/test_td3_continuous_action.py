@@ -4,10 +4,9 @@ tested with SAC's, in tests/test_sac_continuous_action.py (the scripts have the 
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from conftest import script_fixture
-from test_sac_continuous_action import B, N_ACT, N_OBS, fixed_batch, make_pair
+from test_sac_continuous_action import B, N_ACT, N_OBS, assert_critics_match, critic_step, fixed_batch, make_pair
 
 
 base = script_fixture("td3_continuous_action")
@@ -27,13 +26,7 @@ def cleanrl_update(base, actor, qf1, qf2, batch, noise, gamma=0.99, tau=0.005, p
     with torch.no_grad():
         clipped = (noise * policy_noise).clamp(-noise_clip, noise_clip) * target_actor.action_scale
         next_a = (target_actor(batch["next_obs"]) + clipped).clamp(-1, 1)
-        min_next = torch.min(targets[0](batch["next_obs"], next_a), targets[1](batch["next_obs"], next_a))
-        next_q = batch["rewards"] + (1 - batch["terminations"]) * gamma * min_next.view(-1)
-    q1, q2 = qf1(batch["obs"], batch["actions"]).view(-1), qf2(batch["obs"], batch["actions"]).view(-1)
-    loss = F.mse_loss(q1, next_q) + F.mse_loss(q2, next_q)
-    q_opt.zero_grad()
-    loss.backward()
-    q_opt.step()
+    critic_step(qf1, qf2, q_opt, targets, batch, next_a, gamma)
     actor_loss = -qf1(batch["obs"], actor(batch["obs"])).mean()
     actor_opt.zero_grad()
     actor_loss.backward()
@@ -62,10 +55,7 @@ def test_units_match_cleanrl_update(base, tc):
     batch, noise = fixed_batch(), torch.randn(B, N_ACT, generator=torch.Generator().manual_seed(5))
     target_actor, targets = cleanrl_update(base, actor, qf1, qf2, batch, noise)
     run_units(u, batch, noise)
-    for i, (q, t) in enumerate(zip((qf1, qf2), targets)):
-        for (name, p), tp in zip(q.named_parameters(), t.parameters()):
-            torch.testing.assert_close(u.q_params[name][i].detach(), p.detach(), rtol=1e-4, atol=1e-5)
-            torch.testing.assert_close(u.q_target[name][i], tp.detach(), rtol=1e-4, atol=1e-5)
+    assert_critics_match(u, qf1, qf2, targets)
     for (name, p), q, tp, tq in zip(actor.named_parameters(), u.actor.parameters(), target_actor.parameters(),
                                     u.target_actor.parameters()):
         torch.testing.assert_close(q.detach(), p.detach(), rtol=1e-4, atol=1e-5, msg=name)
