@@ -15,6 +15,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "leanrl"))  # the scripts import the plumbing module by its name, as they run
 SMOKE = ["--num-envs", "1", "--num-steps", "64", "--total-timesteps", "256"]
 # the PPO scripts' log schema (DESIGN.md): a metrics.jsonl row per iteration, and summary.json
 PPO_ROW_FIELDS = {"iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",

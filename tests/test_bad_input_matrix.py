@@ -4,7 +4,7 @@ For each script in leanrl/ (ppo*, sac*, td3*, dqn*) and each field of its `Args`
 refuse are derived from its type and its meaning (RANGES below, matched on the field's name; a field no rule names
 gets the strict default: a positive count, or a finite non-negative number), plus values of the wrong type and empty
 ones, plus the pairs of flags that conflict. Each case is parsed and checked in this process, the way the script's
-`main` starts (`parse_args`, then `check_args`): it must end with SystemExit(2), exactly one line on stderr that names
+`main` starts (`plumbing.parse_args`, then the script's `check_args`): it must end with SystemExit(2), exactly one line on stderr that names
 the flag, no traceback, and no change to an existing --log-dir. A new flag is covered without editing this file, and
 a flag whose rule is wrong for it fails here until the table says what it accepts. One subprocess per script checks
 that `main` runs these checks before any work.
@@ -19,6 +19,7 @@ import typing
 import pytest
 import torch
 
+import plumbing
 from conftest import ROOT, assert_user_error, load_script, run_script
 
 SCRIPTS = sorted(p.stem for p in (ROOT / "leanrl").glob("*.py") if re.match(r"(ppo|sac|td3|dqn)", p.stem))
@@ -113,7 +114,7 @@ def check(module, argv, log_dir, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", [module.__name__, "--log-dir", str(log_dir), *argv])
     capsys.readouterr()
     try:
-        module.check_args(module.parse_args())
+        module.check_args(plumbing.parse_args(module.Args))
         code = 0
     except SystemExit as e:
         code = e.code

@@ -1,0 +1,392 @@
+"""The run plumbing every training script imports; no part of any algorithm or speed trick lives here.
+
+- `parse_args`, `fail`: a user mistake ends the run with one line on stderr and exit code 2, never a traceback.
+- `positive`, `positive_finite`, `non_negative_finite`, `unit_interval`, `probability`, `require`: range rules.
+- `check_env_id`: an env id of the wrong family names the script that takes it.
+- `check_run`: the flags every script shares (seed, threads, burn-in, video, `--resume`, `--log-dir`), checked last.
+- `pick_device`: the learner's device; `--cudagraphs` without CUDA is dropped with one line.
+- `save_checkpoint` (atomic) and `load_checkpoint` (`weights_only`, refuses another script's file).
+- `Episodes`: the returns of finished episodes, from the raw rewards.
+- `Run`: metrics.jsonl, summary.json, wandb (`--track`), the progress bar, steady-state fps, Ctrl-C and SIGTERM.
+
+A script copied out of leanrl needs none of this: its algorithm and its tricks are all in the script.
+"""
+
+import contextlib
+import importlib.util
+import io
+import json
+import math
+import os
+import platform
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import asdict
+from typing import NoReturn, Optional
+
+import numpy as np
+import torch
+import tqdm
+import tyro
+
+
+def fail(message: str) -> NoReturn:
+    """A user mistake: one line on stderr, exit code 2, no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def script_name(file: str) -> str:
+    """The script's name as logs and checkpoints carry it: `ppo_torchcompile` for leanrl/ppo_torchcompile.py."""
+    return os.path.splitext(os.path.basename(file))[0]
+
+
+def parse_args(cls):
+    """tyro's parse of `cls`, its multi-line error box folded into the one line a user mistake gets."""
+    try:
+        with contextlib.redirect_stderr(err := io.StringIO()):
+            return tyro.cli(cls)
+    except SystemExit as e:
+        if e.code:
+            lines = [line.strip(" │╭╮╰╯─") for line in err.getvalue().splitlines()]
+            fail(" ".join(line for line in lines[1:] if line and not line.startswith("For full helptext")))
+        print(err.getvalue(), end="")  # --help
+        raise
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def require(args, ok, what: str, *names: str):
+    """Each field in `names` must pass `ok`, else the run ends with "--name must be <what>, got <value>"."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and not ok(value):
+            fail(f"{flag(name)} must be {what}, got {value}")
+
+
+def positive(args, *names: str):
+    require(args, lambda v: v > 0, "positive", *names)
+
+
+def positive_finite(args, *names: str):
+    require(args, lambda v: 0 < v < math.inf, "positive and finite", *names)
+
+
+def non_negative_finite(args, *names: str):
+    require(args, lambda v: 0 <= v < math.inf, "non-negative and finite", *names)
+
+
+def unit_interval(args, *names: str):
+    require(args, lambda v: 0 < v <= 1, "in (0, 1]", *names)
+
+
+def probability(args, *names: str):
+    require(args, lambda v: 0 <= v <= 1, "in [0, 1]", *names)
+
+
+# where each family's envs come from, and which script takes them, per algorithm
+FAMILIES = {
+    "classic": dict(name="a classic-control task", ppo="ppo.py", dqn="dqn.py"),
+    "atari": dict(name="an Atari game", ppo="ppo_atari_envpool.py", dqn="dqn_atari_envpool.py"),
+    "mujoco": dict(
+        name="a MuJoCo task",
+        ppo="ppo_continuous_action.py",
+        sac="sac_continuous_action.py",
+        td3="td3_continuous_action.py",
+    ),
+}
+EXAMPLES = {"classic": "CartPole-v1", "atari": "Breakout-v5 or Pong-v5", "mujoco": "HalfCheetah-v4 or Hopper-v4"}
+
+
+def env_family(env_id: str) -> Optional[str]:
+    """ "classic" (Gymnasium's discrete classic control), "atari" or "mujoco" (envpool's), or None if unknown."""
+    import envpool.registration
+    import gymnasium as gym
+
+    spec = gym.registry.get(env_id)
+    if spec is not None and "classic_control" in str(spec.entry_point):
+        if isinstance(gym.make(env_id).action_space, gym.spaces.Discrete):
+            return "classic"
+        return "classic-continuous"
+    family = envpool.registration.registry.specs.get(env_id, ("",))[0]
+    if "atari" in family:
+        return "atari"
+    if family == "envpool.mujoco.gym":
+        return "mujoco"
+    return None
+
+
+def check_env_id(env_id: str, family: str, algo: str):
+    """`env_id` belongs to `family` ("classic", "atari" or "mujoco"), else one line naming the script of `algo` that
+    takes it, or saying that none does."""
+    found = env_family(env_id)
+    if found == family:
+        return
+    takes = f"this script takes {FAMILIES[family]['name'].split(' ', 1)[1]}s such as {EXAMPLES[family]}"
+    if found is None:
+        fail(f"--env-id {env_id}: unknown env id; {takes}")
+    if found == "classic-continuous":
+        fail(f"--env-id {env_id} has continuous actions; {takes}")
+    other = FAMILIES[found].get(algo)
+    where = f"use leanrl/{other}" if other else f"leanrl has no {algo.upper()} script for it"
+    fail(f"--env-id {env_id} is {FAMILIES[found]['name']}; {where} ({takes})")
+
+
+def check_run(args, script: str, same: tuple = ("env_id",), video: bool = False) -> Optional[dict]:
+    """The flags every script shares, after its own: seed, threads and burn-in ranges, `--capture-video` (`video`:
+    whether the script can record), `--resume` (a checkpoint of this script, trained with the same `same` flags) and,
+    last so that a bad flag never leaves a folder behind, `--log-dir` (default resolved into args, created, writable).
+    Returns the checkpoint to resume from, if any."""
+    require(args, lambda v: 0 <= v < 2**31, "in [0, 2**31)", "seed")
+    positive(args, "num_threads")
+    require(args, lambda v: v >= 0, "non-negative", "measure_burnin")
+    if args.capture_video and not video:
+        fail("--capture-video is not supported here: envpool renders no frames")
+    if args.capture_video and not all(importlib.util.find_spec(m) for m in ("moviepy", "pygame")):
+        fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
+    ckpt = load_checkpoint(args, script, same) if args.resume else None
+    args.log_dir = args.log_dir or f"runs/{args.env_id.replace('/', '-')}__{script}__{args.seed}__{int(time.time())}"
+    try:
+        os.makedirs(args.log_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.log_dir).close()
+    except OSError as e:
+        fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
+    return ckpt
+
+
+def pick_device(args) -> torch.device:
+    """CUDA if there is one and `--cuda` (the default); `--cudagraphs` without CUDA is dropped with one line."""
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.cudagraphs and device.type != "cuda":
+        print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
+        args.cudagraphs = False
+    return device
+
+
+def save_checkpoint(path: str, script: str, args, **state):
+    """`state` with the writing script's name and flags, written atomically: a crash mid-write never leaves a
+    truncated file."""
+    torch.save(dict(script=script, args=asdict(args), **state), path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_checkpoint(args, script: str, same: tuple = ("env_id",)) -> dict:
+    """The checkpoint at `args.resume`, loaded onto the CPU with `weights_only`. A missing, corrupt or foreign file,
+    another script's, or one trained with other values of the flags in `same` is a user mistake."""
+    try:
+        ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
+        written_by, saved = ckpt["script"], ckpt["args"]
+    except FileNotFoundError:
+        fail(f"--resume {args.resume}: no such file")
+    except Exception as e:
+        fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
+    if written_by != script:
+        fail(f"--resume {args.resume} was written by {written_by}.py; resume it with that script")
+    for name in same:
+        if saved.get(name, getattr(args, name)) != getattr(args, name):
+            fail(f"--resume {args.resume} was trained with {flag(name)} {saved[name]}; pass the same")
+    return ckpt
+
+
+class Episodes:
+    """Returns of the last `window` finished episodes, summed from the rewards given (the raw, unclipped ones)."""
+
+    def __init__(self, num_envs: int, window: int = 20):
+        self.ret = np.zeros(num_envs)
+        self.finished = deque(maxlen=window)
+
+    def record(self, reward, done, ids=None):
+        """One step of every env (or of the envs `ids`, a pool's share): add the rewards, close the done episodes."""
+        if ids is None:
+            self.ret += reward
+            if done.any():  # rare: most steps cost one numpy add
+                self.finished.extend(self.ret[done].tolist())
+                self.ret[done] = 0
+            return
+        self.ret[ids] += reward
+        if done.any():
+            self.finished.extend(self.ret[ids[done]].tolist())
+            self.ret[ids[done]] = 0
+
+    def mean(self) -> Optional[float]:
+        return float(np.mean(self.finished)) if self.finished else None
+
+    def state(self) -> dict:
+        return dict(ret=torch.as_tensor(self.ret), finished=torch.tensor(list(self.finished), dtype=torch.float64))
+
+    def load(self, state: dict):
+        self.ret = state["ret"].numpy().copy()
+        self.finished.extend(state["finished"].tolist())
+
+
+def machine_info(device: torch.device) -> dict:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
+
+
+class StopFlag:
+    """Ctrl-C or SIGTERM asks the loop to stop at its next log line, where the state is consistent and a checkpoint
+    can be saved. A second one stops at once (no checkpoint), and so does the first before anything was logged."""
+
+    def __init__(self):
+        self.set = False
+        self.logged = False
+        signal.signal(signal.SIGINT, self.handle)
+        signal.signal(signal.SIGTERM, self.handle)
+
+    def handle(self, signum, frame):
+        if not self.logged:
+            print("\nstopped before the first log line: nothing to save", file=sys.stderr, flush=True)
+            os._exit(130)
+        if self.set:
+            raise KeyboardInterrupt
+        self.set = True
+        print("\nstopping at the next log line (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr, flush=True)
+
+
+class Run:
+    """A run's outputs: a metrics.jsonl row per `log`, wandb with `--track`, the progress bar, the steady-state fps,
+    and summary.json from `finish`. Used as a context: Ctrl-C (or SIGTERM) sets `stopping`, a second one ends the
+    block at once and clears `consistent`, so no checkpoint of a half-done step is saved.
+
+        run = Run(args, SCRIPT, device, total_steps=args.total_timesteps, start_step=global_step)
+        with run:
+            for ...:
+                ...
+                run.log(global_step, steady=..., **row)
+                if run.stopping:
+                    break
+        if args.save_model and run.consistent:
+            save_checkpoint(...)
+        run.finish(global_step, final_return=episodes.mean())
+
+    `lead=False` (a DDP rank other than 0) writes nothing and shows no bar; Ctrl-C still stops it."""
+
+    def __init__(self, args, script: str, device: torch.device, total_steps: int, start_step: int = 0, lead=True):
+        self.args, self.script, self.device, self.lead = args, script, device, lead
+        self.stop = StopFlag()
+        self.consistent = True
+        self.fps = None
+        self.mark = None  # (time, step) where steady state began
+        self.first_interval = None
+        self.steady_intervals = []
+        self.wandb = None
+        self.metrics = None
+        self.start = self.last = time.perf_counter()
+        if lead:
+            self.metrics = open(os.path.join(args.log_dir, "metrics.jsonl"), "a", buffering=1)
+            if args.track:
+                import wandb
+
+                self.wandb = wandb.init(
+                    project=args.wandb_project_name,
+                    entity=args.wandb_entity,
+                    config=vars(args),
+                    name=os.path.basename(args.log_dir),
+                    dir=args.log_dir,
+                    save_code=True,
+                )
+        self.bar = tqdm.tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not lead)
+        if args.compile:  # the first calls compile: say so, or a first run looks stuck
+            self.say(
+                "compiling the units on their first call (a minute or more on a cold cache; later runs load "
+                "them from Inductor's on-disk cache)"
+            )
+            self.bar.set_description("compiling")
+
+    def say(self, line: str):
+        """One line on stderr that does not break the progress bar."""
+        if self.lead:
+            self.bar.write(line, file=sys.stderr)
+
+    def compiled(self):
+        """Every unit has compiled: the bar drops its "compiling" label."""
+        self.bar.set_description("")
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop.set
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        self.bar.close()
+        if self.metrics:
+            self.metrics.close()
+        if kind is KeyboardInterrupt:  # the second Ctrl-C: stopped mid-step, with no consistent state to save
+            self.stop.set = True
+            self.consistent = False
+            return True
+        return False
+
+    def log(self, global_step: int, steady: bool, **row) -> dict:
+        """One metrics.jsonl row (and a wandb point), with the time so far and the steady-state fps: env steps per
+        second since the first log at which `steady` held (compiling and warming up come before)."""
+        now = time.perf_counter()
+        if self.first_interval is None:
+            self.first_interval = now - self.last
+        elif self.mark is not None:
+            self.steady_intervals.append(now - self.last)
+        self.last = now
+        if steady and self.mark is None:
+            self.mark = (now, global_step)
+        if self.mark is not None and global_step > self.mark[1]:
+            self.fps = (global_step - self.mark[1]) / (now - self.mark[0])
+        row = dict(global_step=global_step, time=now - self.start, fps=self.fps, **row)
+        if self.metrics:
+            self.metrics.write(json.dumps(row) + "\n")
+        if self.wandb:
+            self.wandb.log(row, step=global_step)
+        self.bar.update(global_step - self.bar.n)
+        self.bar.set_postfix(fps=f"{self.fps or 0:.0f}", ret=f"{row.get('episodic_return') or 0:.1f}", refresh=False)
+        self.stop.logged = True
+        return row
+
+    def compile_time(self) -> Optional[float]:
+        """What compiling added to the first interval between log lines (the one that compiled), against a steady
+        one (the median); None before steady state."""
+        if not self.steady_intervals:
+            return None
+        return self.first_interval - statistics.median(self.steady_intervals)
+
+    def finish(self, global_step: int, final_return: Optional[float], compile_time: Optional[float] = None, **extra):
+        """summary.json (and wandb's summary), one closing line on stderr; exit code 130 if the run was stopped."""
+        if self.lead:
+            summary = dict(
+                script=self.script,
+                env_id=self.args.env_id,
+                seed=self.args.seed,
+                flags=asdict(self.args),
+                **machine_info(self.device),
+                num_threads=torch.get_num_threads(),
+                total_timesteps=self.args.total_timesteps,
+                global_step=global_step,
+                wall_time=time.perf_counter() - self.start,
+                fps=self.fps,
+                final_return=final_return,
+                compile_time=compile_time,
+                interrupted=self.stop.set,
+                **extra,
+            )
+            with open(os.path.join(self.args.log_dir, "summary.json"), "w") as f:
+                json.dump(summary, f, indent=2)
+            if self.wandb:
+                self.wandb.summary.update(summary)
+                self.wandb.finish()
+            print(
+                f"{global_step} steps, {summary['wall_time']:.1f}s, fps {self.fps or 0:.0f}, return {final_return}, "
+                f"logs in {self.args.log_dir}",
+                file=sys.stderr,
+            )
+        if self.stop.set:
+            sys.exit(130)
