@@ -1,0 +1,326 @@
+"""The run plumbing every training script imports (leanrl/plumbing.py), tested once here: one behaviour everywhere.
+
+The scripts' own tests check that they call it (their smoke runs' logs, resume, bad input); this module checks what
+it does, against references written independently of it."""
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import pytest
+import torch
+
+import plumbing
+from conftest import ROOT, run_command
+
+
+@dataclass
+class Args:
+    """A script's shared flags, as every training script has them."""
+
+    env_id: str = "CartPole-v1"
+    """the env"""
+    seed: int = 1
+    """the seed"""
+    num_threads: int = 1
+    """threads"""
+    measure_burnin: int = 3
+    """burn-in"""
+    capture_video: bool = False
+    """video"""
+    resume: Optional[str] = None
+    """resume"""
+    log_dir: Optional[str] = None
+    """log dir"""
+    num_envs: int = 4
+    """envs"""
+    learning_rate: float = 2.5e-4
+    """lr"""
+    gamma: float = 0.99
+    """gamma"""
+    target_kl: Optional[float] = None
+    """kl"""
+    track: bool = False
+    """wandb"""
+    compile: bool = False
+    """compile"""
+    cuda: bool = True
+    """cuda"""
+    cudagraphs: bool = False
+    """cudagraphs"""
+    total_timesteps: int = 1000
+    """budget"""
+
+
+def refused(capsys, call, *args) -> str:
+    """`call(*args)` is a user mistake: SystemExit(2) and one line on stderr, returned."""
+    with pytest.raises(SystemExit) as e:
+        call(*args)
+    assert e.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_parse_args_folds_tyro_errors_into_one_line(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["x", "--num-envs", "four"])
+    assert "--num-envs" in refused(capsys, plumbing.parse_args, Args)
+    monkeypatch.setattr(sys, "argv", ["x", "--num-env", "4"])
+    assert "unrecognized" in refused(capsys, plumbing.parse_args, Args).lower()
+    monkeypatch.setattr(sys, "argv", ["x", "--num-envs", "8", "--target-kl", "0.02"])
+    args = plumbing.parse_args(Args)
+    assert args.num_envs == 8 and args.target_kl == 0.02
+
+
+@pytest.mark.parametrize(
+    "rule,name,good,bad",
+    [
+        (plumbing.positive, "num_envs", [1, 10**9], [0, -1]),
+        (plumbing.positive_finite, "learning_rate", [1e-9, 3.0], [0.0, -1.0, float("inf"), float("nan")]),
+        (plumbing.non_negative_finite, "learning_rate", [0.0, 2.0], [-1e-9, float("inf"), float("nan")]),
+        (plumbing.unit_interval, "gamma", [1e-9, 1.0], [0.0, 1.0 + 1e-9, float("nan")]),
+        (plumbing.probability, "gamma", [0.0, 1.0], [-1e-9, 1.0 + 1e-9, float("nan")]),
+    ],
+)
+def test_range_rules(rule, name, good, bad, capsys):
+    for value in good:
+        rule(Args(**{name: value}), name)
+    for value in bad:
+        line = refused(capsys, rule, Args(**{name: value}), name)
+        assert line.startswith(f"error: --{name.replace('_', '-')} must be") and line.endswith(f"got {value}")
+
+
+def test_an_unset_optional_flag_passes_its_rule():
+    plumbing.positive_finite(Args(target_kl=None), "target_kl")
+
+
+@pytest.mark.parametrize(
+    "env_id,family,algo,words",
+    [
+        ("Breakout-v5", "classic", "ppo", ["Atari", "leanrl/ppo_atari_envpool.py"]),
+        ("Breakout-v5", "classic", "dqn", ["Atari", "leanrl/dqn_atari_envpool.py"]),
+        ("HalfCheetah-v4", "atari", "ppo", ["MuJoCo", "leanrl/ppo_continuous_action.py"]),
+        ("HalfCheetah-v4", "classic", "dqn", ["MuJoCo", "no DQN script"]),
+        ("CartPole-v1", "mujoco", "sac", ["classic-control", "no SAC script"]),
+        ("CartPole-v1", "atari", "ppo", ["classic-control", "leanrl/ppo.py"]),
+        ("Pendulum-v1", "classic", "ppo", ["continuous actions"]),
+        ("NoSuchEnv-v9", "mujoco", "td3", ["unknown env id", "HalfCheetah-v4"]),
+    ],
+)
+def test_an_env_of_another_family_names_the_script_that_takes_it(env_id, family, algo, words, capsys):
+    line = refused(capsys, plumbing.check_env_id, env_id, family, algo)
+    assert f"--env-id {env_id}" in line
+    for word in words:
+        assert word in line, line
+
+
+@pytest.mark.parametrize("env_id,family", [("CartPole-v1", "classic"), ("Pong-v5", "atari"), ("Hopper-v4", "mujoco")])
+def test_an_env_of_the_family_passes(env_id, family):
+    plumbing.check_env_id(env_id, family, "ppo")
+
+
+def test_check_run_resolves_and_creates_the_log_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = Args(seed=7)
+    assert plumbing.check_run(args, "some_script") is None
+    assert args.log_dir.startswith("runs/CartPole-v1__some_script__7__") and os.path.isdir(args.log_dir)
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (Args(seed=-1), ["--seed"]),
+        (Args(seed=2**31), ["--seed"]),
+        (Args(num_threads=0), ["--num-threads"]),
+        (Args(measure_burnin=-1), ["--measure-burnin"]),
+        (Args(capture_video=True), ["--capture-video", "envpool"]),
+        (Args(log_dir="/proc/leanrl/run"), ["--log-dir", "cannot write"]),
+        (Args(resume="/nonexistent/agent.pt"), ["--resume", "no such file"]),
+    ],
+)
+def test_check_run_refuses_bad_shared_flags(args, words, capsys):
+    line = refused(capsys, plumbing.check_run, args, "some_script")
+    for word in words:
+        assert word in line, line
+
+
+def test_a_refused_flag_leaves_no_folder_behind(tmp_path, capsys):
+    log_dir = tmp_path / "run"
+    refused(capsys, plumbing.check_run, Args(num_threads=0, log_dir=str(log_dir)), "some_script")
+    assert not log_dir.exists()
+
+
+def test_checkpoints_round_trip_and_refuse_what_is_not_theirs(tmp_path, capsys):
+    path = str(tmp_path / "agent.pt")
+    state = dict(weights=torch.arange(5.0), step=12)
+    plumbing.save_checkpoint(path, "script_a", Args(num_envs=2), **state)
+    assert sorted(os.listdir(tmp_path)) == ["agent.pt"]  # written whole, no temporary left behind
+    ckpt = plumbing.load_checkpoint(Args(num_envs=2, resume=path), "script_a", same=("env_id", "num_envs"))
+    assert torch.equal(ckpt["weights"], state["weights"]) and ckpt["step"] == 12
+    assert ckpt["script"] == "script_a" and ckpt["args"]["num_envs"] == 2
+
+    line = refused(capsys, plumbing.load_checkpoint, Args(resume=path), "script_b")
+    assert "written by script_a.py" in line
+    line = refused(capsys, plumbing.load_checkpoint, Args(num_envs=4, resume=path), "script_a", ("num_envs",))
+    assert "--num-envs 2" in line and "pass the same" in line
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    line = refused(capsys, plumbing.load_checkpoint, Args(resume=str(tmp_path / "junk.pt")), "script_a")
+    assert "not a checkpoint this script wrote" in line
+
+
+def reference_returns(rewards: np.ndarray, dones: np.ndarray, window: int) -> list:
+    """Episode returns from a (steps, envs) record, env by env, in the order the episodes end."""
+    ended, running = [], np.zeros(rewards.shape[1])
+    for reward, done in zip(rewards, dones):
+        running = running + reward
+        ended += [running[i] for i in range(len(done)) if done[i]]
+        running = np.where(done, 0.0, running)
+    return ended[-window:]
+
+
+def test_episodes_match_a_reference_and_resume():
+    rng = np.random.default_rng(0)
+    rewards = rng.normal(size=(300, 3))
+    dones = rng.random((300, 3)) < 0.05
+    episodes = plumbing.Episodes(3, window=7)
+    for reward, done in zip(rewards[:150], dones[:150]):
+        episodes.record(reward, done)
+    resumed = plumbing.Episodes(3, window=7)
+    resumed.load(episodes.state())
+    for reward, done in zip(rewards[150:], dones[150:]):
+        resumed.record(reward, done)
+    expected = reference_returns(rewards, dones, 7)
+    assert np.allclose(list(resumed.finished), expected)
+    assert resumed.mean() == pytest.approx(np.mean(expected))
+    assert plumbing.Episodes(2).mean() is None
+
+
+def test_episodes_of_a_pool_add_to_its_own_envs():
+    """A pool of envs 2 and 3 of 4 (envpool's ids within the pool, offset by its first env)."""
+    rng = np.random.default_rng(1)
+    rewards = rng.normal(size=(200, 4))
+    dones = rng.random((200, 4)) < 0.1
+    episodes = plumbing.Episodes(4, window=1000)
+    for reward, done in zip(rewards, dones):
+        episodes.record(reward[:2], done[:2], ids=np.array([0, 1]))
+        episodes.record(reward[2:], done[2:], ids=np.array([0, 1]) + 2)
+    expected = reference_returns(rewards, dones, 1000)
+    assert sorted(episodes.finished) == pytest.approx(sorted(expected))
+
+
+def test_run_logs_rows_fps_and_summary(tmp_path, capsys):
+    args = Args(log_dir=str(tmp_path), compile=True)
+    run = plumbing.Run(args, "some_script", torch.device("cpu"), total_steps=40)
+    with run:
+        for i in range(1, 5):
+            run.log(i * 10, steady=i >= 2, iteration=i, episodic_return=float(i))
+    run.finish(40, final_return=4.0, compile_time=run.compile_time(), extra_field=1)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4] and [r["global_step"] for r in rows] == [10, 20, 30, 40]
+    assert rows[0]["fps"] is None and rows[1]["fps"] is None  # steady state begins at the second row
+    assert rows[2]["fps"] > 0 and rows[3]["fps"] > 0
+    assert all(r["time"] >= 0 for r in rows)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["script"] == "some_script" and summary["global_step"] == 40 and summary["final_return"] == 4.0
+    assert summary["fps"] == rows[-1]["fps"] and summary["extra_field"] == 1 and summary["interrupted"] is False
+    assert summary["compile_time"] is not None and summary["flags"]["compile"] is True
+    assert {"device", "torch", "cpu", "gpu", "num_threads", "wall_time"} <= summary.keys()
+    err = capsys.readouterr().err
+    assert err.count("compiling the units on their first call") == 1 and "40 steps" in err
+
+
+def test_a_run_that_never_reaches_steady_state_has_no_fps(tmp_path):
+    args = Args(log_dir=str(tmp_path))
+    run = plumbing.Run(args, "some_script", torch.device("cpu"), total_steps=20)
+    with run:
+        run.log(10, steady=False)
+        run.log(20, steady=False)
+    assert run.fps is None and run.compile_time() is None
+
+
+def test_pick_device_drops_cudagraphs_without_cuda(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: --cudagraphs is kept")
+    args = Args(cudagraphs=True)
+    assert plumbing.pick_device(args).type == "cpu" and args.cudagraphs is False
+    assert capsys.readouterr().err.count("--cudagraphs ignored") == 1
+
+
+STOP = """
+import os, signal, sys, time
+sys.path.insert(0, "leanrl")
+import plumbing
+from dataclasses import dataclass
+
+@dataclass
+class A:
+    log_dir: str
+    env_id: str = "CartPole-v1"
+    seed: int = 1
+    track: bool = False
+    compile: bool = False
+    total_timesteps: int = 100
+
+run = plumbing.Run(A(sys.argv[1]), "s", None, total_steps=100)
+before_log = sys.argv[2] == "before"
+with run:
+    if not before_log:
+        run.log(10, steady=True)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+    print("stopping", run.stopping, flush=True)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+    print("not interrupted", flush=True)
+print("consistent", run.consistent, flush=True)
+sys.exit(130 if run.stopping else 0)
+"""
+
+
+def test_ctrl_c_asks_to_stop_then_stops_at_once(tmp_path):
+    """After a log line, the first Ctrl-C only asks the loop to stop (the state stays consistent: a checkpoint can be
+    saved); the second ends the block at once and leaves nothing consistent to save."""
+    proc = run_command([sys.executable, "-c", STOP, str(tmp_path), "after"], tmp_path / "after", timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stdout.splitlines() == ["stopping True", "consistent False"], proc.stdout
+    assert "stopping at the next log line (Ctrl-C again: stop now, no checkpoint)" in proc.stderr
+
+
+def test_ctrl_c_before_the_first_log_line_stops_at_once(tmp_path):
+    """Before any log line there is nothing to save and a compile can hold the process for minutes: it ends at once."""
+    proc = run_command([sys.executable, "-c", STOP, str(tmp_path), "before"], tmp_path / "before", timeout=120)
+    assert proc.returncode == 130 and proc.stdout == "", (proc.stdout, proc.stderr)
+    assert proc.stderr.strip().endswith("stopped before the first log line: nothing to save")
+
+
+def test_every_training_script_imports_the_plumbing_and_keeps_no_copy_of_it():
+    """The run plumbing lives once: no training script defines its own copy of a plumbing piece."""
+    pieces = (
+        "def fail(",
+        "def parse_args(",
+        "def machine_info(",
+        "platform.processor(",
+        "class StopFlag",
+        "signal.signal(",
+        "def save_checkpoint(",
+        "def load_checkpoint(",
+        "os.replace(",
+        "wandb.init(",
+        "tqdm.tqdm(",
+    )
+    for path in sorted((ROOT / "leanrl").glob("*.py")):
+        if path.name == "plumbing.py":
+            continue
+        text = path.read_text()
+        assert "import plumbing" in text, path.name
+        assert not [p for p in pieces if p in text], (path.name, [p for p in pieces if p in text])
+
+
+def test_the_second_signal_can_be_sigterm(tmp_path):
+    """SIGTERM (a scheduler's stop) is handled as Ctrl-C is."""
+    code = STOP.replace("signal.SIGINT", "signal.SIGTERM")
+    proc = run_command([sys.executable, "-c", code, str(tmp_path), "after"], tmp_path / "term", timeout=120)
+    assert proc.returncode == 130 and proc.stdout.splitlines() == ["stopping True", "consistent False"]

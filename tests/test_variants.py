@@ -1,0 +1,63 @@
+"""Variants are their base plus one trick: every flag of the base, with its default, and a diff that shows the trick.
+
+A variant script (quantized, pruned, ddp, compile_async) is rebuilt on its base whenever the base changes; these
+checks fail when a base gains a flag its variants lack, or when a variant drifts from its base's code."""
+
+import dataclasses
+import difflib
+
+import pytest
+
+from conftest import ROOT, load_script
+
+BASES = ["ppo_torchcompile", "ppo_atari_envpool_torchcompile"]
+TRICKS = ["quantized", "pruned", "ddp", "compile_async"]
+PAIRS = [(base, base.replace("_torchcompile", f"_{trick}_torchcompile")) for base in BASES for trick in TRICKS]
+# lines of the base a variant's diff may remove: the trick replaces a few; DDP rewires the loop for its ranks
+MAX_REMOVED = {"ddp": 60}
+# base flags a trick deliberately replaces, with the reason: (variant, flag) -> why
+REPLACED = {}
+
+
+def defaults(script: str) -> dict:
+    module = load_script(script)
+    out = {}
+    for field in dataclasses.fields(module.Args):
+        if field.default is not dataclasses.MISSING:
+            out[field.name] = field.default
+        else:
+            out[field.name] = field.default_factory()
+    return out
+
+
+@pytest.mark.parametrize("base,variant", PAIRS, ids=[v for _, v in PAIRS])
+def test_a_variant_takes_every_flag_of_its_base_with_its_default(base, variant):
+    base_flags = defaults(base)
+    variant_flags = defaults(variant)
+    missing = [name for name in base_flags if name not in variant_flags and (variant, name) not in REPLACED]
+    assert not missing, f"{variant} lacks its base's flags {missing}"
+    changed = {
+        name: (base_flags[name], variant_flags[name])
+        for name in base_flags
+        if name in variant_flags and name != "exp_name" and base_flags[name] != variant_flags[name]
+    }
+    changed = {name: pair for name, pair in changed.items() if (variant, name) not in REPLACED}
+    assert not changed, f"{variant} changes its base's defaults (base, variant): {changed}"
+
+
+@pytest.mark.parametrize("base,variant", PAIRS, ids=[v for _, v in PAIRS])
+def test_a_variants_diff_against_its_base_shows_the_trick(base, variant):
+    base_lines = (ROOT / "leanrl" / f"{base}.py").read_text().splitlines()
+    variant_lines = (ROOT / "leanrl" / f"{variant}.py").read_text().splitlines()
+    diff = list(difflib.unified_diff(base_lines, variant_lines, lineterm="", n=0))
+    removed = [line for line in diff if line.startswith("-") and not line.startswith("---")]
+    trick = next(t for t in TRICKS if f"_{t}_" in variant)
+    limit = MAX_REMOVED.get(trick, 40)
+    assert len(removed) <= limit, f"{variant} removes {len(removed)} lines of {base} (at most {limit}):\n" + "\n".join(
+        removed
+    )
+
+
+def test_every_variant_script_is_checked():
+    variants = sorted(p.stem for p in (ROOT / "leanrl").glob("*.py") if any(f"_{t}_" in p.stem for t in TRICKS))
+    assert variants == sorted(v for _, v in PAIRS)
