@@ -18,10 +18,39 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "leanrl"))  # the scripts import the plumbing module by its name, as they run
 SMOKE = ["--num-envs", "1", "--num-steps", "64", "--total-timesteps", "256"]
 # the PPO scripts' log schema (DESIGN.md): a metrics.jsonl row per iteration, and summary.json
-PPO_ROW_FIELDS = {"iteration", "global_step", "fps", "episodic_return", "t_rollout", "t_env", "t_policy", "t_gae",
-                  "t_update", "lr", "approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy"}
-PPO_SUMMARY_FIELDS = {"script", "env_id", "seed", "flags", "device", "torch", "cpu", "gpu", "num_threads",
-                      "total_timesteps", "wall_time", "fps", "final_return", "compile_time"}
+PPO_ROW_FIELDS = {
+    "iteration",
+    "global_step",
+    "fps",
+    "episodic_return",
+    "t_rollout",
+    "t_env",
+    "t_policy",
+    "t_gae",
+    "t_update",
+    "lr",
+    "approx_kl",
+    "clipfrac",
+    "pg_loss",
+    "v_loss",
+    "entropy",
+}
+PPO_SUMMARY_FIELDS = {
+    "script",
+    "env_id",
+    "seed",
+    "flags",
+    "device",
+    "torch",
+    "cpu",
+    "gpu",
+    "num_threads",
+    "total_timesteps",
+    "wall_time",
+    "fps",
+    "final_return",
+    "compile_time",
+}
 
 
 def process_tree(pid: int) -> list:
@@ -45,12 +74,22 @@ class Child:
     def __init__(self, cmd, out: Path = None, env: dict = None):
         out = out or Path(tempfile.mkdtemp(prefix="leanrl-test-")) / "out"
         out.parent.mkdir(parents=True, exist_ok=True)
-        self.cmd, self.out_path, self.err_path = [str(c) for c in cmd], out.with_name(out.name + ".stdout"), \
-            out.with_name(out.name + ".stderr")
+        self.cmd, self.out_path, self.err_path = (
+            [str(c) for c in cmd],
+            out.with_name(out.name + ".stdout"),
+            out.with_name(out.name + ".stderr"),
+        )
         env = dict(os.environ if env is None else env, PYTHONWARNINGS="ignore")
         with open(self.out_path, "w") as stdout, open(self.err_path, "w") as stderr:
-            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env,
-                                         cwd=ROOT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                env=env,
+                cwd=ROOT,
+                start_new_session=True,
+            )
         Child.started.append(self)
 
     @property
@@ -100,12 +139,17 @@ class Child:
                 return value
             if self.exited():
                 code = self.kill()
-                pytest.fail(f"{self.name} exited {code} before {waiting_for}\nlast stderr:\n{self.stderr[-3000:]}",
-                            pytrace=False)
+                pytest.fail(
+                    f"{self.name} exited {code} before {waiting_for}\nlast stderr:\n{self.stderr[-3000:]}",
+                    pytrace=False,
+                )
             if time.monotonic() > deadline:
                 self.kill()
-                pytest.fail(f"{self.name} killed after {timeout:.0f}s waiting for {waiting_for}\n"
-                            f"last stderr:\n{self.stderr[-3000:]}", pytrace=False)
+                pytest.fail(
+                    f"{self.name} killed after {timeout:.0f}s waiting for {waiting_for}\n"
+                    f"last stderr:\n{self.stderr[-3000:]}",
+                    pytrace=False,
+                )
             time.sleep(poll)
 
     def wait(self, timeout: float, waiting_for: str = "it to exit") -> int:
@@ -238,8 +282,18 @@ def resume_ppo_smoke(script: str, first: Path, log_dir: Path, *flags) -> dict:
     that the step count goes on from the checkpoint's. Returns the checkpoint."""
     ckpt = torch.load(first / "agent.pt", weights_only=True)
     assert ckpt["iteration"] == 4 and ckpt["global_step"] == 256
-    run_script(script, *SMOKE[:4], "--total-timesteps", "384", "--num-threads", "1",
-               "--resume", str(first / "agent.pt"), *flags, log_dir=log_dir)
+    run_script(
+        script,
+        *SMOKE[:4],
+        "--total-timesteps",
+        "384",
+        "--num-threads",
+        "1",
+        "--resume",
+        str(first / "agent.pt"),
+        *flags,
+        log_dir=log_dir,
+    )
     rows = read_metrics(log_dir)
     assert [r["iteration"] for r in rows] == [5, 6] and rows[-1]["global_step"] == 384
     return ckpt

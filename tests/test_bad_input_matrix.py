@@ -4,10 +4,10 @@ For each script in leanrl/ (ppo*, sac*, td3*, dqn*) and each field of its `Args`
 refuse are derived from its type and its meaning (RANGES below, matched on the field's name; a field no rule names
 gets the strict default: a positive count, or a finite non-negative number), plus values of the wrong type and empty
 ones, plus the pairs of flags that conflict. Each case is parsed and checked in this process, the way the script's
-`main` starts (`plumbing.parse_args`, then the script's `check_args`): it must end with SystemExit(2), exactly one line on stderr that names
-the flag, no traceback, and no change to an existing --log-dir. A new flag is covered without editing this file, and
-a flag whose rule is wrong for it fails here until the table says what it accepts. One subprocess per script checks
-that `main` runs these checks before any work.
+`main` starts (`plumbing.parse_args`, then the script's `check_args`): it must end with SystemExit(2), exactly
+one line on stderr that names the flag, no traceback, and no change to an existing --log-dir. A new flag is covered
+without editing this file, and a flag whose rule is wrong for it fails here until the table says what it accepts.
+One subprocess per script checks that `main` runs these checks before any work.
 """
 
 import dataclasses
@@ -90,15 +90,26 @@ def conflicts(module) -> list:
     names = {f.name for f in dataclasses.fields(module.Args)}
     out = []
     if {"num_envs", "num_steps", "num_minibatches"} <= names:
-        out.append(("--num-minibatches", ["--num-envs", "2", "--num-steps", "3", "--num-minibatches", "4"],
-                    "a minibatch count that does not divide the batch"))
-        out.append(("--total-timesteps", ["--num-envs", "4", "--num-steps", "8", "--total-timesteps", "16"],
-                    "less than one batch"))
+        out.append(
+            (
+                "--num-minibatches",
+                ["--num-envs", "2", "--num-steps", "3", "--num-minibatches", "4"],
+                "a minibatch count that does not divide the batch",
+            )
+        )
+        out.append(
+            (
+                "--total-timesteps",
+                ["--num-envs", "4", "--num-steps", "8", "--total-timesteps", "16"],
+                "less than one batch",
+            )
+        )
     if {"batch_size", "buffer_size"} <= names:
         out.append(("--batch-size", ["--buffer-size", "100", "--batch-size", "200"], "a batch larger than the buffer"))
     if {"learning_starts", "total_timesteps"} <= names:
-        out.append(("--learning-starts", ["--total-timesteps", "1000", "--learning-starts", "1000"],
-                    "no step left to learn"))
+        out.append(
+            ("--learning-starts", ["--total-timesteps", "1000", "--learning-starts", "1000"], "no step left to learn")
+        )
     if {"start_e", "end_e"} <= names:
         out.append(("--end-e", ["--start-e", "0.1", "--end-e", "0.5"], "epsilon that grows"))
     return out
@@ -143,8 +154,9 @@ def test_every_bad_input_is_refused_with_one_line(script, tmp_path, capsys, monk
             holes.append(f"{' '.join(argv)} ({what}): exit {code}, stderr {err.strip()[-300:]!r}")
     assert sorted(p.name for p in log_dir.iterdir()) == ["metrics.jsonl"]
     assert (log_dir / "metrics.jsonl").read_text() == "kept\n"
-    assert not holes, f"{name}: {len(holes)} of {len(cases(module) + conflicts(module))} bad inputs not refused:\n" + \
-        "\n".join(holes)
+    assert not holes, (
+        f"{name}: {len(holes)} of {len(cases(module) + conflicts(module))} bad inputs not refused:\n" + "\n".join(holes)
+    )
 
 
 def test_resume_of_another_script_names_it(script, tmp_path, capsys, monkeypatch):
@@ -163,6 +175,8 @@ def test_main_checks_before_any_work(name, tmp_path):
     """The same checks run first when the script is started as a user starts it: one bad flag, one line, exit 2,
     nothing written."""
     log_dir = tmp_path / "run"
-    assert_user_error(run_script(f"{name}.py", "--total-timesteps", "-1", log_dir=log_dir, check=False, timeout=120),
-                      "--total-timesteps")
+    assert_user_error(
+        run_script(f"{name}.py", "--total-timesteps", "-1", log_dir=log_dir, check=False, timeout=120),
+        "--total-timesteps",
+    )
     assert not log_dir.exists() or not any(log_dir.iterdir())

@@ -28,11 +28,14 @@ def test_output_larger_than_a_pipe_does_not_block(tmp_path):
 def test_deadline_kills_the_whole_tree_and_fails(tmp_path):
     """A hung child, with a grandchild in a session of its own (as torchrun starts its ranks): the wait fails at its
     deadline naming what it waited for, and neither process is left running."""
-    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
-            "start_new_session=True); time.sleep(600)")
+    code = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+        "start_new_session=True); time.sleep(600)"
+    )
     child = Child([sys.executable, "-c", code], tmp_path / "hung")
-    tree = child.wait_until(lambda: len(process_tree(child.pid)) == 2 and process_tree(child.pid), 60,
-                            "the grandchild to start")
+    tree = child.wait_until(
+        lambda: len(process_tree(child.pid)) == 2 and process_tree(child.pid), 60, "the grandchild to start"
+    )
     with pytest.raises(pytest.fail.Exception, match="killed after 1s waiting for the metrics"):
         child.wait_until(lambda: False, 1, "the metrics")
     deadline = time.monotonic() + 10  # SIGKILL is delivered asynchronously

@@ -22,8 +22,18 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 TORCHCOMPILE = sorted(p.name for p in (ROOT / "leanrl").glob("*_torchcompile.py"))
 # per family, the smallest run that calls every unit: each test module's own (dqn_atari before dqn: prefixes)
 BUDGET = {"ppo": SMOKE, "sac": OFFPOLICY, "td3": OFFPOLICY, "dqn_atari": DQN_ATARI, "dqn": DQN}
-PRUNE_TWICE = ("--prune-ratio", "0.5", "--prune-start", "2", "--prune-every", "1", "--prune-steps", "2",
-               "--prune-importance", "random")
+PRUNE_TWICE = (
+    "--prune-ratio",
+    "0.5",
+    "--prune-start",
+    "2",
+    "--prune-every",
+    "1",
+    "--prune-steps",
+    "2",
+    "--prune-importance",
+    "random",
+)
 
 
 def losses(row: dict) -> dict:
@@ -52,17 +62,24 @@ def test_compile_cudagraphs_matches_eager_on_cuda(script, tmp_path):
 
 # the GPU tricks against their off switch: a host copy of the actor and the split pools change float rounding only
 # (the policy on the host, on half batches), so the first iteration's data and losses are the same
-TRICKS = [("ppo_torchcompile.py", "--host-actor", "--no-host-actor", SMOKE),
-          ("ppo_continuous_action_torchcompile.py", "--host-actor", "--no-host-actor", SMOKE),
-          ("ppo_atari_envpool_torchcompile.py", "--split-envs", "--no-split-envs",
-           ["--num-envs", "4", "--num-steps", "64", "--total-timesteps", "512"])]
+TRICKS = [
+    ("ppo_torchcompile.py", "--host-actor", "--no-host-actor", SMOKE),
+    ("ppo_continuous_action_torchcompile.py", "--host-actor", "--no-host-actor", SMOKE),
+    (
+        "ppo_atari_envpool_torchcompile.py",
+        "--split-envs",
+        "--no-split-envs",
+        ["--num-envs", "4", "--num-steps", "64", "--total-timesteps", "512"],
+    ),
+]
 
 
 @pytest.mark.parametrize("script,on,off,budget", TRICKS, ids=[f"{t[0][:-3]}{t[1]}" for t in TRICKS])
 def test_gpu_tricks_change_no_number(script, on, off, budget, tmp_path):
     for flag in (on, off):
-        run_script(script, *budget, "--seed", "1", "--compile", "--cudagraphs", flag, log_dir=tmp_path / flag,
-                   timeout=900)
+        run_script(
+            script, *budget, "--seed", "1", "--compile", "--cudagraphs", flag, log_dir=tmp_path / flag, timeout=900
+        )
     first_on, first_off = read_metrics(tmp_path / on)[0], read_metrics(tmp_path / off)[0]
     assert losses(first_on) and losses(first_on) == pytest.approx(losses(first_off), rel=1e-3, abs=1e-5)
     assert first_on["episodic_return"] == first_off["episodic_return"]
