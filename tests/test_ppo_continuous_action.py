@@ -5,14 +5,23 @@ Each script runs with --compile once, and the runs are shared by the assertions 
 """
 
 import functools
+import signal
 
 import envpool
 import numpy as np
 import pytest
 import torch
 
-from conftest import (assert_rejected, check_ppo_smoke_logs, load_script, resume_ppo_smoke, run_ids, script_fixture,
-                      smoke_fixture)
+import plumbing
+from conftest import (
+    assert_rejected,
+    check_ppo_smoke_logs,
+    load_script,
+    resume_ppo_smoke,
+    run_ids,
+    script_fixture,
+    smoke_fixture,
+)
 from test_ppo import assert_same_buffers, eager_and_compiled_update, is_current_copy, numpy_gae
 
 SCRIPTS = ("ppo_continuous_action.py", "ppo_continuous_action_torchcompile.py")
@@ -138,19 +147,19 @@ def test_auto_reset_keeps_every_transition_real(name):
     module = load_script(name)
     envs = envpool.make("HalfCheetah-v4", env_type="gymnasium", num_envs=2, seed=3, max_episode_steps=5)
     envs.reset()
-    stats = module.EpisodeStats(2)
+    episodes = plumbing.Episodes(2)
     actions = np.random.default_rng(0).uniform(-1, 1, size=(15, 2, 6))
     rewards, dones = [], []
     for a in actions:
         _, reward, done = module.env_step(envs, a)
-        stats.step(reward, done)
+        episodes.record(reward, done)
         rewards.append(reward)
         dones.append(done)
     rewards, dones = np.array(rewards), np.array(dones)
     assert [t for t in range(15) if dones[t, 0]] == [4, 9, 14] and (dones[:, 0] == dones[:, 1]).all()
     assert (rewards != 0).all()
-    expected = [rewards[s:s + 5, n].sum() for s in (0, 5, 10) for n in (0, 1)]
-    np.testing.assert_allclose(list(stats.returns), expected, rtol=1e-5)  # float32 rewards, summed in another order
+    expected = [rewards[s : s + 5, n].sum() for s in (0, 5, 10) for n in (0, 1)]
+    np.testing.assert_allclose(list(episodes.finished), expected, rtol=1e-5)  # float32 rewards, summed in another order
 
 
 @pytest.mark.parametrize("n_envs", [1, 3])
@@ -169,8 +178,14 @@ def test_gae_matches_numpy_reference(tc, n_envs):
 
 def random_batch(n):
     g = torch.Generator().manual_seed(1)
-    return [torch.randn(n, 17, generator=g), torch.randn(n, 6, generator=g), -8.5 + torch.randn(n, generator=g),
-            torch.randn(n, generator=g), torch.randn(n, generator=g), torch.randn(n, generator=g)]
+    return [
+        torch.randn(n, 17, generator=g),
+        torch.randn(n, 6, generator=g),
+        -8.5 + torch.randn(n, generator=g),
+        torch.randn(n, generator=g),
+        torch.randn(n, generator=g),
+        torch.randn(n, generator=g),
+    ]
 
 
 def make_update_state(tc, seed):
@@ -206,8 +221,9 @@ def test_update_matches_autograd_with_torch_distributions(base, tc):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(reference.parameters(), args.max_grad_norm)
         ref_opt.step()
-        torch.testing.assert_close(stats[2:5], torch.stack([pg_loss, v_loss, entropy.mean()]).detach(),
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            stats[2:5], torch.stack([pg_loss, v_loss, entropy.mean()]).detach(), rtol=1e-5, atol=1e-6
+        )
     for (name, p), q in zip(agent.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=name)
 
@@ -217,8 +233,9 @@ def test_compiled_update_matches_eager(tc):
     Tolerance: float32 with the reductions reordered by inductor, a few ulps on O(1) values. Adam's first step moves
     a parameter by lr * g / (|g| + eps), at most lr, and is sensitive to gradient rounding only where |g| ~ eps:
     parameters must agree within 1% of lr (seen: 0.05%)."""
-    (_, p0, v0), (_, p1, v1) = eager_and_compiled_update(tc, make_update_state, random_batch(256),
-                                                         torch.randperm(256)[:64], torch.compile)
+    (_, p0, v0), (_, p1, v1) = eager_and_compiled_update(
+        tc, make_update_state, random_batch(256), torch.randperm(256)[:64], torch.compile
+    )
     for a, b in zip(p0, p1):
         torch.testing.assert_close(b, a, rtol=0, atol=0.01 * tc.Args().learning_rate)
     for a, b in zip(v0, v1):  # Adam's second moments: the squared gradients
@@ -242,44 +259,91 @@ def cheetah_rollout(tc, policy, num_steps=64, seed=3):
     normalizer: the buffers and the normalizer's statistics afterwards."""
     envs = envpool.make("HalfCheetah-v4", env_type="gymnasium", num_envs=1, seed=seed)
     normalizer = tc.Normalizer(1, 17, GAMMA, "cpu")
-    buf = {k: torch.zeros((num_steps, 1) + dims) for k, dims in
-           (("obs", (17,)), ("actions", (6,)), ("dones", ()), ("rewards", ()))}
+    buf = {
+        k: torch.zeros((num_steps, 1) + dims)
+        for k, dims in (("obs", (17,)), ("actions", (6,)), ("dones", ()), ("rewards", ()))
+    }
     noise = 0.5 * torch.randn(num_steps, 1, 6, generator=torch.Generator().manual_seed(seed))
-    tc.rollout(envs, policy, normalizer.obs, normalizer, normalizer.obs(torch.from_numpy(envs.reset()[0])),
-               np.zeros(1, dtype=bool), buf, tc.EpisodeStats(1), noise, (envs.action_space.low, envs.action_space.high))
+    tc.rollout(
+        envs,
+        policy,
+        normalizer.obs,
+        normalizer,
+        normalizer.obs(torch.from_numpy(envs.reset()[0])),
+        np.zeros(1, dtype=bool),
+        buf,
+        plumbing.Episodes(1),
+        noise,
+        (envs.action_space.low, envs.action_space.high),
+    )
     envs.close()
     return dict(buf, **{f"{name}.{k}": v for name, s in normalizer.state_dict().items() for k, v in s.items()})
 
 
-def test_make_units_on_a_cpu_acts_with_the_learner_itself(tc):
-    """A CPU learner acts with its inference copy's actor_mean (the agent's storage, no copy, nothing to refresh) and
-    keeps the normalizer on the CPU."""
-    u = tc.make_units(17, 6, tc.Args(), torch.device("cpu"))
-    assert u.policy.args == (u.acting,) and u.acting is u.evaluate.__self__.actor_mean
-    assert u.acting[0].weight.data_ptr() == u.agent.actor_mean[0].weight.data_ptr()
-    assert u.act_device.type == "cpu" and u.normalizer.obs_rms.mean.device.type == "cpu"
+class FirstRollout(Exception):
+    """Raised by the stand-in rollout: main has built its units, nothing more is needed."""
 
 
-def test_host_copy_acts_as_the_learner_and_refresh_brings_the_updates(tc):
+def main_units(tc, tmp_path) -> dict:
+    """What `main` acts and learns with, as its first rollout receives them: a CPU run stopped there. The agents are
+    the two `main` makes, in order: the learner, then its inference copy."""
+    agents = []
+    seen = {}
+
+    class Agent(tc.Agent):
+        def __init__(self, *shape):
+            super().__init__(*shape)
+            agents.append(self)
+
+    def first_rollout(envs, policy, normalize, normalizer, next_obs, *_):
+        seen.update(policy=policy, normalize=normalize, normalizer=normalizer, next_obs=next_obs)
+        raise FirstRollout
+
+    threads = torch.get_num_threads()
+    args = tc.Args(cuda=False, num_steps=64, total_timesteps=64, log_dir=str(tmp_path / "run"))
+    with pytest.MonkeyPatch.context() as patch:  # undone on return: the caller's rollouts are the real ones
+        patch.setattr(tc, "Agent", Agent)
+        patch.setattr(tc, "rollout", first_rollout)
+        patch.setattr(signal, "signal", lambda *_: None)  # the test process keeps its own Ctrl-C
+        with pytest.raises(FirstRollout):
+            tc.main(args)
+    torch.set_num_threads(threads)
+    return dict(seen, agent=agents[0], agent_inference=agents[1])
+
+
+def test_a_cpu_learner_acts_with_the_learner_itself(tc, tmp_path):
+    """A CPU learner acts with its inference copy's actor_mean (the agent's storage, no copy, nothing to refresh),
+    even with --host-actor (the default), and keeps the normalizer on the CPU."""
+    u = main_units(tc, tmp_path)
+    acting = u["agent_inference"].actor_mean
+    assert u["policy"].func is tc.act and u["policy"].args == (acting,)
+    assert acting[0].weight.data_ptr() == u["agent"].actor_mean[0].weight.data_ptr()
+    assert not any(p.requires_grad for p in acting.parameters())
+    assert u["normalize"].__self__ is u["normalizer"]
+    assert u["next_obs"].device.type == "cpu" and u["normalizer"].obs_rms.mean.device.type == "cpu"
+
+
+def test_host_copy_acts_as_the_learner_and_refresh_brings_the_updates(tc, tmp_path):
     """--host-actor (a CUDA learner) acts with a host copy of actor_mean, refreshed after the updates, and the
     normalizer on the host. Here the copy is made on the CPU explicitly, with storage of its own: a rollout acting
     with it fills the buffers (and normalizer statistics) that one acting with the learner's actor_mean fills,
     exactly; after updates a stale copy's rollout differs, and a refreshed one is the learner's again."""
-    torch.manual_seed(0)
-    u = tc.make_units(17, 6, tc.Args(), torch.device("cpu"))
-    acting = tc.host_copy(u.agent.actor_mean, torch.device("cpu"))
+    u = main_units(tc, tmp_path)
+    agent = u["agent"]
+    acting = tc.host_copy(agent.actor_mean, torch.device("cpu"))
     copy_policy = functools.partial(tc.act, acting)
-    assert is_current_copy(acting, u.agent.actor_mean)
-    assert_same_buffers(cheetah_rollout(tc, copy_policy), cheetah_rollout(tc, u.policy))
-    u.lr.fill_(0.01)  # a few large steps
+    assert is_current_copy(acting, agent.actor_mean)
+    assert_same_buffers(cheetah_rollout(tc, copy_policy), cheetah_rollout(tc, u["policy"]))
+    lr = torch.tensor(0.01)  # a few large steps
+    update = functools.partial(tc.update, agent, tc.make_optimizer(agent, lr, capturable=False), lr, tc.Args())
     batch = random_batch(256)
     for _ in range(3):
-        u.update(*batch, torch.randperm(256)[:64])
-    learner = cheetah_rollout(tc, u.policy)
-    assert not is_current_copy(acting, u.agent.actor_mean)
+        update(*batch, torch.randperm(256)[:64])
+    learner = cheetah_rollout(tc, u["policy"])
+    assert not is_current_copy(acting, agent.actor_mean)
     assert_same_buffers(cheetah_rollout(tc, copy_policy), learner, same=False)  # stale: acts otherwise
-    tc.refresh(acting, u.agent.actor_mean)
-    assert is_current_copy(acting, u.agent.actor_mean)
+    tc.refresh(acting, agent.actor_mean)
+    assert is_current_copy(acting, agent.actor_mean)
     assert_same_buffers(cheetah_rollout(tc, copy_policy), learner)
 
 
