@@ -169,10 +169,14 @@ def pick_device(args) -> torch.device:
     return device
 
 
+# the layout of the checkpoints written through save_checkpoint; older files are refused in one line, not a KeyError
+CHECKPOINT_FORMAT = 2
+
+
 def save_checkpoint(path: str, script: str, args, **state):
     """`state` with the writing script's name and flags, written atomically: a crash mid-write never leaves a
     truncated file."""
-    torch.save(dict(script=script, args=asdict(args), **state), path + ".tmp")
+    torch.save(dict(script=script, format=CHECKPOINT_FORMAT, args=asdict(args), **state), path + ".tmp")
     os.replace(path + ".tmp", path)
 
 
@@ -188,6 +192,8 @@ def load_checkpoint(args, script: str, same: tuple = ("env_id",)) -> dict:
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
     if written_by != script:
         fail(f"--resume {args.resume} was written by {written_by}.py; resume it with that script")
+    if ckpt.get("format") != CHECKPOINT_FORMAT:
+        fail(f"--resume {args.resume} was written by an older version of {script}.py; start a new run")
     for name in same:
         if saved.get(name, getattr(args, name)) != getattr(args, name):
             fail(f"--resume {args.resume} was trained with {flag(name)} {saved[name]}; pass the same")

@@ -166,6 +166,9 @@ def test_checkpoints_round_trip_and_refuse_what_is_not_theirs(tmp_path, capsys):
     assert "written by script_a.py" in line
     line = refused(capsys, plumbing.load_checkpoint, Args(num_envs=4, resume=path), "script_a", ("num_envs",))
     assert "--num-envs 2" in line and "pass the same" in line
+    torch.save(dict(script="script_a", args={}, weights=torch.zeros(2)), tmp_path / "old.pt")  # before the format key
+    line = refused(capsys, plumbing.load_checkpoint, Args(resume=str(tmp_path / "old.pt")), "script_a")
+    assert "older version of script_a.py" in line
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     line = refused(capsys, plumbing.load_checkpoint, Args(resume=str(tmp_path / "junk.pt")), "script_a")
     assert "not a checkpoint this script wrote" in line
