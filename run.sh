@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The sweep behind doc/fps_table.md: every training script with its flag combinations, seeds interleaved so that
-# drift on the machine hits all configurations alike, then the table and the plots (leanrl/report.py).
+# drift on the machine hits all configurations alike, then the table and the plots (leanrl/tools/report.py).
 #   bash run.sh                  # all families: classic, atari, mujoco, sac, td3, dqn, dqn_atari
 #   bash run.sh classic atari    # some of them
 # Budgets (steps per run): CLASSIC_STEPS (default 200000), ATARI_STEPS (10240), MUJOCO_STEPS (20480): the whole
@@ -79,8 +79,8 @@ family() {  # family baseline torchcompile [quantized pruned ddp]: the configura
     if [ -n "$ddp" ] && [ "$CORES" -ge 2 ]; then
       run "$f" 08-ddp2 "$seed" python -m torch.distributed.run --standalone --nproc-per-node 2 "$ddp" $COMPILE
     fi
-    # the PPO families' ceiling: their envs stepped with random actions and no policy (leanrl/bench_env.py)
-    case $f in classic|atari|mujoco) run "$f" 09-env-alone "$seed" python leanrl/bench_env.py --family "$f" ;; esac
+    # the PPO families' ceiling: their envs stepped with random actions and no policy (leanrl/tools/bench_env.py)
+    case $f in classic|atari|mujoco) run "$f" 09-env-alone "$seed" python leanrl/tools/bench_env.py --family "$f" ;; esac
   done
 }
 
@@ -100,4 +100,4 @@ for f in $FAMILIES; do
   esac
 done
 echo "== sweep took $(( (SECONDS - start) / 60 )) min" >&2
-python leanrl/report.py "$OUT" --out "$DOC"
+python leanrl/tools/report.py "$OUT" --out "$DOC"

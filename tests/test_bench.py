@@ -1,7 +1,8 @@
-"""The benchmark tools: bench_inference.py (the policy networks under each configuration), eval_compressed.py
-(post-training compression of a trained agent) and bench_env.py (the envs alone). Tiny settings: the tables' numbers
-are not checked, their structure, the compressed agents' actions and the sizes are."""
+"""The benchmark tools in leanrl/tools/: bench_inference.py (the policy networks under each configuration),
+eval_compressed.py (post-training compression of a trained agent) and bench_env.py (the envs alone). Tiny settings:
+the tables' numbers are not checked, their structure, the compressed agents' actions and the sizes are."""
 
+import importlib
 import io
 import json
 import re
@@ -14,9 +15,12 @@ import torch
 
 from conftest import ROOT, SMOKE, assert_user_error, load_script, run_command, run_script
 
+TOOLS = ROOT / "leanrl" / "tools"
+sys.path.insert(0, str(TOOLS))  # eval_compressed imports bench_inference by its name, as they run
+
 
 def run_tool(tool: str, *flags: str):
-    return run_command([sys.executable, ROOT / "leanrl" / tool, *flags], timeout=600)
+    return run_command([sys.executable, TOOLS / tool, *flags], timeout=600)
 
 
 def table_rows(path) -> list:
@@ -27,12 +31,12 @@ def table_rows(path) -> list:
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_script("bench_inference")
+    return importlib.import_module("bench_inference")
 
 
 @pytest.fixture(scope="module")
 def ec(bench):
-    return load_script("eval_compressed")
+    return importlib.import_module("eval_compressed")
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +86,26 @@ def test_gaussian_policy_matches_torch_distributions(bench):
 
 def test_bench_inference_table(tmp_path):
     table, plot = tmp_path / "inference.md", tmp_path / "inference.png"
-    proc = run_tool("bench_inference.py", "--families", "classic-64x2", "--configs", "eager", "cudagraphs",
-                    "int8-dynamic", "--batch-sizes", "4", "--repeats", "3", "--warmup", "1", "--cold-compile",
-                    "--table", str(table), "--plot", str(plot))
+    proc = run_tool(
+        "bench_inference.py",
+        "--families",
+        "classic-64x2",
+        "--configs",
+        "eager",
+        "cudagraphs",
+        "int8-dynamic",
+        "--batch-sizes",
+        "4",
+        "--repeats",
+        "3",
+        "--warmup",
+        "1",
+        "--cold-compile",
+        "--table",
+        str(table),
+        "--plot",
+        str(plot),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = table_rows(table)
     assert [r[0] for r in rows] == ["eager", "int8-dynamic"]  # cudagraphs: no CUDA here
@@ -118,8 +139,19 @@ def test_compressed_agents_act(ec, bench, checkpoint):
     assert family == "classic_control" and env_id == "CartPole-v1"
     obs = torch.from_numpy(envpool.make(env_id, env_type="gymnasium", num_envs=64, seed=0).reset()[0])
     rows = ec.compressed(agent, args, obs)
-    assert list(rows) == ["fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "structured-25%", "structured-50%",
-                          "structured-75%", "unstructured-50%", "unstructured-75%", "unstructured-90%"]
+    assert list(rows) == [
+        "fp32",
+        "fp16",
+        "bf16",
+        "int8-dynamic",
+        "int8-static",
+        "structured-25%",
+        "structured-50%",
+        "structured-75%",
+        "unstructured-50%",
+        "unstructured-75%",
+        "unstructured-90%",
+    ]
     with torch.no_grad():
         ref_logits, ref_value = agent(obs)
         for name, build in rows.items():
@@ -148,13 +180,34 @@ def test_eval_compressed_table(ec, checkpoint, tmp_path):
     """One row per method; sizes are the serialized state_dicts' bytes. Eager (--no-compile): the compiled timings
     cost a compile per method, tens of seconds each."""
     table = tmp_path / "compression.md"
-    proc = run_tool("eval_compressed.py", str(checkpoint), "--episodes", "4", "--batch", "4", "--passes", "5",
-                    "--table", str(table), "--no-compile")
+    proc = run_tool(
+        "eval_compressed.py",
+        str(checkpoint),
+        "--episodes",
+        "4",
+        "--batch",
+        "4",
+        "--passes",
+        "5",
+        "--table",
+        str(table),
+        "--no-compile",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r[0]: r for r in table_rows(table)}
     expected = [
-        "fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "structured-25%", "structured-50%", "structured-75%",
-        "unstructured-50%", "unstructured-75%", "unstructured-90%"]
+        "fp32",
+        "fp16",
+        "bf16",
+        "int8-dynamic",
+        "int8-static",
+        "structured-25%",
+        "structured-50%",
+        "structured-75%",
+        "unstructured-50%",
+        "unstructured-75%",
+        "unstructured-90%",
+    ]
     assert list(rows) == expected
     for r in rows.values():
         mean = float(r[1].split()[0])
@@ -180,9 +233,25 @@ def test_eval_compressed_atari(tmp_path):
     run = tmp_path / "run"
     run_script("ppo_atari_envpool_torchcompile.py", *SMOKE, "--num-threads", "1", "--save-model", log_dir=run)
     table = tmp_path / "compression.md"
-    proc = run_tool("eval_compressed.py", str(run / "agent.pt"), "--methods", "structured", "--structured-ratios",
-                    "0.5", "--episodes", "2", "--batch", "2", "--passes", "3", "--num-threads", "1", "--no-compile",
-                    "--table", str(table))
+    proc = run_tool(
+        "eval_compressed.py",
+        str(run / "agent.pt"),
+        "--methods",
+        "structured",
+        "--structured-ratios",
+        "0.5",
+        "--episodes",
+        "2",
+        "--batch",
+        "2",
+        "--passes",
+        "3",
+        "--num-threads",
+        "1",
+        "--no-compile",
+        "--table",
+        str(table),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "## Breakout-v5" in table.read_text()
     rows = {r[0]: r for r in table_rows(table)}
@@ -192,11 +261,14 @@ def test_eval_compressed_atari(tmp_path):
         assert float(r[1].split()[0]) >= 0  # a game's score
 
 
-@pytest.mark.parametrize("flags,words", [
-    (("--batch-sizes", "0"), ("--batch-sizes", "positive")),
-    (("--families", "mujoco"), ("mujoco",)),
-    (("--repeats", "-1"), ("--repeats",)),
-])
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (("--batch-sizes", "0"), ("--batch-sizes", "positive")),
+        (("--families", "mujoco"), ("mujoco",)),
+        (("--repeats", "-1"), ("--repeats",)),
+    ],
+)
 def test_bench_inference_bad_input(flags, words):
     assert_user_error(run_tool("bench_inference.py", *flags), *words)
 
@@ -210,12 +282,23 @@ def test_eval_compressed_bad_input(checkpoint, tmp_path):
     assert_user_error(run_tool("eval_compressed.py"), "missing", "agent.pt")
 
 
-@pytest.mark.parametrize("family,env_id,num_envs", [("classic", "CartPole-v1", 4), ("atari", "Breakout-v5", 8),
-                                                    ("mujoco", "HalfCheetah-v4", 1)])
+@pytest.mark.parametrize(
+    "family,env_id,num_envs",
+    [("classic", "CartPole-v1", 4), ("atari", "Breakout-v5", 8), ("mujoco", "HalfCheetah-v4", 1)],
+)
 def test_bench_env_writes_a_run(family, env_id, num_envs, tmp_path):
     """The family's default env and env count, one metrics line an iteration, fps only after the burn-in."""
-    proc = run_tool("bench_env.py", "--family", family, "--num-steps", "16", "--total-timesteps", str(64 * num_envs),
-                    "--log-dir", str(tmp_path))
+    proc = run_tool(
+        "bench_env.py",
+        "--family",
+        family,
+        "--num-steps",
+        "16",
+        "--total-timesteps",
+        str(64 * num_envs),
+        "--log-dir",
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["env_id"] == env_id and summary["global_step"] == 64 * num_envs
@@ -226,11 +309,14 @@ def test_bench_env_writes_a_run(family, env_id, num_envs, tmp_path):
     assert [r["fps"] is None for r in rows] == [True, True, False, False]  # --measure-burnin 2
 
 
-@pytest.mark.parametrize("flags,words", [
-    (("--family", "atari", "--env-id", "HalfCheetah-v4"), ("HalfCheetah-v4", "atari")),
-    (("--family", "classic", "--env-id", "NoSuchEnv-v0"), ("NoSuchEnv-v0",)),
-    (("--num-envs", "0"), ("--num-envs",)),
-    (("--total-timesteps", "10"), ("--total-timesteps", "iteration")),
-])
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (("--family", "atari", "--env-id", "HalfCheetah-v4"), ("HalfCheetah-v4", "atari")),
+        (("--family", "classic", "--env-id", "NoSuchEnv-v0"), ("NoSuchEnv-v0",)),
+        (("--num-envs", "0"), ("--num-envs",)),
+        (("--total-timesteps", "10"), ("--total-timesteps", "iteration")),
+    ],
+)
 def test_bench_env_bad_input(flags, words):
     assert_user_error(run_tool("bench_env.py", *flags), *words)

@@ -225,9 +225,12 @@ def test_lost_rank_stops_the_job(sig, words, tmp_path):
     assert elapsed < timeout + 20  # killed: at once; hung: the timeout, plus slack for a loaded machine
 
 
+BENCH_SCALING = ROOT / "leanrl" / "tools" / "bench_scaling.py"
+
+
 def test_bench_scaling_tiny(tmp_path):
     out = tmp_path / "bench"
-    cmd = [sys.executable, str(ROOT / "leanrl" / "bench_scaling.py"), "--scaling", "strong", "--max-world-size", "2",
+    cmd = [sys.executable, str(BENCH_SCALING), "--scaling", "strong", "--max-world-size", "2",
            "--num-envs", "2", "--num-steps", "32", "--total-timesteps", "768", "--measure-burnin", "1", "--no-compile",
            "--out-dir", str(out)]
     run_command(cmd, tmp_path / "bench_scaling", timeout=300, check=True)
@@ -268,7 +271,7 @@ BENCH_BAD = [
 
 @pytest.mark.parametrize("flags,words", BENCH_BAD, ids=[" ".join(f) for f, _ in BENCH_BAD])
 def test_bench_scaling_bad_input(flags, words, tmp_path):
-    proc = run_command([sys.executable, ROOT / "leanrl" / "bench_scaling.py", *flags, "--out-dir", tmp_path / "out"],
+    proc = run_command([sys.executable, BENCH_SCALING, *flags, "--out-dir", tmp_path / "out"],
                        tmp_path / "bench_scaling", timeout=120)
     assert_user_error(proc, *words)
     assert not (tmp_path / "out").exists()

@@ -1,4 +1,4 @@
-"""run.sh and leanrl/report.py: the table from synthetic runs, and the whole sweep in its smoke mode."""
+"""run.sh and leanrl/tools/report.py: the table from synthetic runs, and the whole sweep in its smoke mode."""
 
 import json
 import os
@@ -12,16 +12,26 @@ ROW = {"episodic_return": None, "time": 1.0}
 def fake_run(path, env_id, steps, fps, final, compile_time=None):
     """A finished run as a training script leaves it: summary.json and metrics.jsonl."""
     path.mkdir(parents=True)
-    summary = {"env_id": env_id, "total_timesteps": steps, "fps": fps, "final_return": final, "cpu": "Test CPU (2 cores)",
-               "gpu": None, "torch": "2.13.0+cpu", "compile_time": compile_time}
+    summary = {
+        "env_id": env_id,
+        "total_timesteps": steps,
+        "fps": fps,
+        "final_return": final,
+        "cpu": "Test CPU (2 cores)",
+        "gpu": None,
+        "torch": "2.13.0+cpu",
+        "compile_time": compile_time,
+    }
     (path / "summary.json").write_text(json.dumps(summary))
-    rows = [dict(ROW, global_step=steps // 2, episodic_return=final and final / 2),
-            dict(ROW, global_step=steps, episodic_return=final)]
+    rows = [
+        dict(ROW, global_step=steps // 2, episodic_return=final and final / 2),
+        dict(ROW, global_step=steps, episodic_return=final),
+    ]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def report(runs, out):
-    return run_command([sys.executable, ROOT / "leanrl" / "report.py", runs, "--out", out], timeout=300)
+    return run_command([sys.executable, ROOT / "leanrl" / "tools" / "report.py", runs, "--out", out], timeout=300)
 
 
 def test_report_on_synthetic_runs(tmp_path):
@@ -38,12 +48,16 @@ def test_report_on_synthetic_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     text = (tmp_path / "doc/fps_table.md").read_text()
     lines = text.splitlines()
-    assert ("| family (env, steps per run) | `baseline` | `compile` | `compile-cudagraphs` | `env-alone` "
-            "| fastest vs baseline |") in lines
+    assert (
+        "| family (env, steps per run) | `baseline` | `compile` | `compile-cudagraphs` | `env-alone` "
+        "| fastest vs baseline |"
+    ) in lines
     assert "| atari (Breakout-v5, 2,048) | 60 | not run | not run | not run | 1.00x (`baseline`) |" in lines
     # the env alone is the ceiling, not the fastest configuration
-    assert ("| classic (CartPole-v1, 1,000) | 200 | 500 | skipped: no CUDA device | 1,000 "
-            "| 2.50x (`compile`), 50% of `env-alone` |") in lines
+    assert (
+        "| classic (CartPole-v1, 1,000) | 200 | 500 | skipped: no CUDA device | 1,000 "
+        "| 2.50x (`compile`), 50% of `env-alone` |"
+    ) in lines
     assert "| atari | 3.0 ± 1.4 (n=2) | - | - | - |" in lines
     assert "| classic | 20.0 ± 10.0 (n=3) | 21.0 ± 10.0 (n=3) | - | - |" in lines
     assert "| `compile` | 3 | 500 (400-600) | 5.0 |" in text  # the detail rows start so; CartPole adds steps to 475
@@ -63,10 +77,15 @@ def test_run_sh_smoke(tmp_path):
     first = run_command(["bash", "run.sh"], tmp_path / "first", timeout=1500, env=env)
     assert first.returncode == 0, first.stderr[-4000:]
     text = (tmp_path / "runs/doc/fps_table.md").read_text()
-    for family, env_id, steps in (("classic", "CartPole-v1", 256), ("atari", "Breakout-v5", 256),
-                                  ("mujoco", "HalfCheetah-v4", 256), ("sac", "HalfCheetah-v4", 600),
-                                  ("td3", "HalfCheetah-v4", 600), ("dqn", "CartPole-v1", 600),
-                                  ("dqn_atari", "Breakout-v5", 600)):
+    for family, env_id, steps in (
+        ("classic", "CartPole-v1", 256),
+        ("atari", "Breakout-v5", 256),
+        ("mujoco", "HalfCheetah-v4", 256),
+        ("sac", "HalfCheetah-v4", 600),
+        ("td3", "HalfCheetah-v4", 600),
+        ("dqn", "CartPole-v1", 600),
+        ("dqn_atari", "Breakout-v5", 600),
+    ):
         row = next(ln for ln in text.splitlines() if ln.startswith(f"| {family} ({env_id}, {steps}) |"))
         assert "x (`" in row  # a measured speed-up: the baseline ran
     assert "skipped: no CUDA device" in text

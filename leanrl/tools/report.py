@@ -1,6 +1,6 @@
 """Turn run.sh's runs into the fps comparison: doc/fps_table.md, doc/fps.png and doc/returns_<family>.png.
 
-    python leanrl/report.py runs/bench --out doc
+    python leanrl/tools/report.py runs/bench --out doc
 
 A run lives in RUNS/<family>/<NN-configuration>/<seed>/ with the summary.json and metrics.jsonl that every
 training script writes. The two-digit prefix orders the columns across families (01 is the baseline), so a
@@ -8,10 +8,9 @@ configuration has the same column in every family. A configuration folder with a
 the machine could not run; the file says why, and the table says so.
 """
 
-import contextlib
 import datetime
-import io
 import json
+import os
 import statistics
 import sys
 from dataclasses import dataclass
@@ -19,6 +18,9 @@ from pathlib import Path
 
 import matplotlib
 import tyro
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plumbing.py is in leanrl/, one up
+import plumbing
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -28,6 +30,8 @@ THRESHOLDS = {"CartPole-v1": 475.0}  # the env's own "solved" return, where it h
 
 @dataclass
 class Args:
+    """Turn run.sh's runs into the fps comparison: doc/fps_table.md, doc/fps.png and doc/returns_<family>.png."""
+
     runs: tyro.conf.Positional[Path]
     """the sweep's output folder (run.sh's OUT), holding <family>/<NN-configuration>/<seed>/ runs"""
     out: Path = Path("doc")
@@ -52,24 +56,6 @@ class Config:
     @property
     def finals(self) -> list:
         return [s["final_return"] for s, _ in self.runs if s["final_return"] is not None]
-
-
-def fail(message: str):
-    """A user mistake: one line on stderr, exit code 2, no traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def parse_args() -> Args:
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            return tyro.cli(Args, description=__doc__.splitlines()[0])
-    except SystemExit as e:
-        if e.code:  # tyro draws a multi-line box: fold it into one line
-            lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
-            fail(" ".join(ln for ln in lines[1:] if ln and not ln.startswith("For full helptext")))
-        raise
 
 
 def load(runs: Path) -> dict:
@@ -119,8 +105,10 @@ def headline(data: dict, columns: list) -> list:
         base = measured.get(columns[0]) if columns[0] in configs else None
         best = max(measured, key=measured.get, default=None)
         ceiling = next((c.median_fps for name, c in configs.items() if is_env_alone(name) and c.median_fps), None)
-        cells.append((f"{measured[best] / base:.2f}x (`{column_name(best)}`)" if base and best else "-")
-                     + (f", {measured[best] / ceiling:.0%} of `env-alone`" if best and ceiling else ""))
+        cells.append(
+            (f"{measured[best] / base:.2f}x (`{column_name(best)}`)" if base and best else "-")
+            + (f", {measured[best] / ceiling:.0%} of `env-alone`" if best and ceiling else "")
+        )
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -154,15 +142,20 @@ def detail(env_id: str, configs: dict) -> list:
         if c.skipped:
             continue
         comp = [s["compile_time"] for s, _ in c.runs if s.get("compile_time") is not None]
-        cells = [f"`{column_name(name)}`", str(len(c.runs)),
-                 f"{fmt(c.median_fps)} ({fmt(min(c.fps, default=None))}-{fmt(max(c.fps, default=None))})",
-                 fmt(statistics.median(comp) if comp else None, ".1f")]
+        cells = [
+            f"`{column_name(name)}`",
+            str(len(c.runs)),
+            f"{fmt(c.median_fps)} ({fmt(min(c.fps, default=None))}-{fmt(max(c.fps, default=None))})",
+            fmt(statistics.median(comp) if comp else None, ".1f"),
+        ]
         if threshold:
             reached = [first_reaching(rows, threshold) for _, rows in c.runs]
             steps = [s for s, _ in reached if s is not None]
             secs = [t for _, t in reached if t is not None]
-            cells += [f"{fmt(statistics.median(steps) if steps else None)} ({len(steps)}/{len(c.runs)} reached)",
-                      fmt(statistics.median(secs) if secs else None, ".1f")]
+            cells += [
+                f"{fmt(statistics.median(steps) if steps else None)} ({len(steps)}/{len(c.runs)} reached)",
+                fmt(statistics.median(secs) if secs else None, ".1f"),
+            ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -173,7 +166,9 @@ def plot_fps(data: dict, columns: list, out: Path):
     columns = [c for c in columns if any(c in configs and configs[c].median_fps for configs in data.values())]
     width = 0.8 / len(columns)
     for i, column in enumerate(columns):
-        xs, heights, labels = [], [], []
+        xs = []
+        heights = []
+        labels = []
         for j, configs in enumerate(data.values()):
             base = configs[columns[0]].median_fps if columns[0] in configs else None
             fps = configs[column].median_fps if column in configs else None
@@ -197,7 +192,9 @@ def plot_returns(family: str, configs: dict, out: Path) -> str:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for i, (name, c) in enumerate(configs.items()):
         for j, (_, rows) in enumerate(c.runs):
-            pts = [(r["global_step"], r["time"], r["episodic_return"]) for r in rows if r["episodic_return"] is not None]
+            pts = [
+                (r["global_step"], r["time"], r["episodic_return"]) for r in rows if r["episodic_return"] is not None
+            ]
             kw = dict(color=f"C{i}", alpha=0.8, lw=1, label=column_name(name) if j == 0 else None)
             axes[0].plot([p[0] for p in pts], [p[2] for p in pts], **kw)
             axes[1].plot([p[1] for p in pts], [p[2] for p in pts], **kw)
@@ -215,24 +212,31 @@ def plot_returns(family: str, configs: dict, out: Path) -> str:
 
 
 def main():
-    args = parse_args()
+    args = plumbing.parse_args(Args)
     if not args.runs.is_dir():
-        fail(f"{args.runs} is not a folder: give the OUT folder of run.sh")
+        plumbing.fail(f"{args.runs} is not a folder: give the OUT folder of run.sh")
     data = {f: c for f, c in load(args.runs).items() if any(cfg.runs for cfg in c.values())}
     if not data:
-        fail(f"no finished runs under {args.runs} (expected <family>/<NN-configuration>/<seed>/summary.json)")
+        plumbing.fail(f"no finished runs under {args.runs} (expected <family>/<NN-configuration>/<seed>/summary.json)")
     columns = sorted({name for configs in data.values() for name in configs})
     args.out.mkdir(parents=True, exist_ok=True)
-    hardware = sorted({(s["cpu"], s["gpu"] or "none", s["torch"]) for c in data.values() for cfg in c.values()
-                       for s, _ in cfg.runs})
+    hardware = sorted(
+        {(s["cpu"], s["gpu"] or "none", s["torch"]) for c in data.values() for cfg in c.values() for s, _ in cfg.runs}
+    )
     newest = max(p.stat().st_mtime for p in args.runs.glob("*/*/*/summary.json"))
-    lines = ["# fps comparison", "",
-             f"Written by `python leanrl/report.py {args.runs}` (the last step of `run.sh`); sweep finished "
-             f"{datetime.date.fromtimestamp(newest).isoformat()}. Hardware: "
-             + "; ".join(f"{cpu}, GPU: {gpu}, torch {torch}" for cpu, gpu, torch in hardware) + ".", "",
-             "fps: environment steps per second over whole iterations after burn-in (off-policy families: after "
-             "learning_starts plus the burn-in), median over seeds. "
-             "`not run`: the sweep had no such configuration for that family.", ""]
+    lines = [
+        "# fps comparison",
+        "",
+        f"Written by `python leanrl/tools/report.py {args.runs}` (the last step of `run.sh`); sweep finished "
+        f"{datetime.date.fromtimestamp(newest).isoformat()}. Hardware: "
+        + "; ".join(f"{cpu}, GPU: {gpu}, torch {torch}" for cpu, gpu, torch in hardware)
+        + ".",
+        "",
+        "fps: environment steps per second over whole iterations after burn-in (off-policy families: after "
+        "learning_starts plus the burn-in), median over seeds. "
+        "`not run`: the sweep had no such configuration for that family.",
+        "",
+    ]
     lines += headline(data, columns) + ["", "![fps](fps.png)", "", "## Final return (mean ± std over seeds)", ""]
     lines += returns_table(data, columns) + [""]
     plot_fps(data, columns, args.out)

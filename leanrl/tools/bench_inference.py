@@ -2,8 +2,8 @@
 log-probability and the state value) timed under each compiler mode, CUDA graphs, bf16, int8 and 50% pruning, at
 batch sizes 1 to 1024. Writes doc/inference_table.md and doc/inference.png.
 
-    python leanrl/bench_inference.py                                     # everything this machine can run
-    python leanrl/bench_inference.py --families classic-64x2 --batch-sizes 1 64 --repeats 20
+    python leanrl/tools/bench_inference.py                                     # everything this machine can run
+    python leanrl/tools/bench_inference.py --families classic-64x2 --batch-sizes 1 64 --repeats 20
 
 Each cell builds its network fresh (same seed), applies the configuration, calls it once (that call compiles;
 its time minus the median is the compile time), warms up, then reports the median of repeated single calls.
@@ -11,7 +11,6 @@ The networks are the training scripts' own (parameter names and shapes, so eval_
 checkpoints into them); the compression methods here are the ones eval_compressed.py applies to trained agents.
 """
 
-import contextlib
 import copy
 import io
 import math
@@ -25,15 +24,29 @@ from typing import Literal, Optional
 import numpy as np
 import torch
 import torch.nn as nn
-import tyro
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plumbing.py is in leanrl/, one up
+import plumbing
 
 FAMILIES = ("classic-64x2", "classic-4x512", "atari", "continuous")
-CONFIGS = ("eager", "compile-default", "compile-reduce-overhead", "compile-max-autotune-no-cudagraphs",
-           "compile-max-autotune", "cudagraphs", "bf16", "int8-dynamic", "int8-static", "pruned50")
+CONFIGS = (
+    "eager",
+    "compile-default",
+    "compile-reduce-overhead",
+    "compile-max-autotune-no-cudagraphs",
+    "compile-max-autotune",
+    "cudagraphs",
+    "bf16",
+    "int8-dynamic",
+    "int8-static",
+    "pruned50",
+)
 
 
 @dataclass
 class Args:
+    """What each trick buys a policy's forward pass: every family's acting step under each configuration."""
+
     families: tuple[Literal[FAMILIES], ...] = FAMILIES
     """the policy networks: classic control MLP at 64x2 and 4x512 (CartPole, 4 obs, 2 actions), the Nature CNN
     (Atari, 4x84x84 uint8, 4 actions), the continuous-control MLP (64x64 tanh, Gaussian head, 17 obs, 6 actions)"""
@@ -64,38 +77,21 @@ class Args:
     compiled before on this machine loads from the cache in a fraction of the time)"""
 
 
-def fail(message: str):
-    """A user mistake: one line on stderr, exit code 2, no traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def parse_args(cls):
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            return tyro.cli(cls, description=sys.modules["__main__"].__doc__)
-    except SystemExit as e:
-        if e.code:  # tyro draws a multi-line box: fold it into the one line a user mistake gets
-            lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
-            fail(" ".join(ln for ln in lines[1:] if ln and not ln.startswith("For full helptext")))
-        raise
-
-
 def check_args(args: Args):
     if not args.families or not args.configs or not args.batch_sizes:
-        fail("--families, --configs and --batch-sizes each need at least one value")
+        plumbing.fail("--families, --configs and --batch-sizes each need at least one value")
     if min(args.batch_sizes) <= 0:
-        fail(f"--batch-sizes must be positive, got {' '.join(map(str, args.batch_sizes))}")
+        plumbing.fail(f"--batch-sizes must be positive, got {' '.join(map(str, args.batch_sizes))}")
     for name in ("repeats", "max_seconds", "num_threads"):
         value = getattr(args, name)
         if value is not None and value <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {value}")
+            plumbing.fail(f"--{name.replace('_', '-')} must be positive, got {value}")
     if args.warmup < 0:
-        fail(f"--warmup must be zero or more, got {args.warmup}")
+        plumbing.fail(f"--warmup must be zero or more, got {args.warmup}")
 
 
 # ---- the networks: the training scripts' architectures, parameter for parameter ----
+
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
@@ -175,12 +171,15 @@ class Policy(nn.Module):
 
     def __init__(self, net: nn.Module, gaussian: bool, deterministic: bool = False):
         super().__init__()
-        self.net, self.gaussian, self.deterministic = net, gaussian, deterministic
+        self.net = net
+        self.gaussian = gaussian
+        self.deterministic = deterministic
 
     def forward(self, obs):
         if self.gaussian:
             mean, logstd, value = self.net(obs)
-            mean, logstd = mean.float(), logstd.float()
+            mean = mean.float()
+            logstd = logstd.float()
             action = mean if self.deterministic else mean + logstd.exp() * torch.randn_like(mean)
             z = (action - mean) * (-logstd).exp()
             logprob = (-0.5 * z * z - logstd - 0.5 * math.log(2 * math.pi)).sum(-1)
@@ -193,8 +192,12 @@ class Policy(nn.Module):
 
 
 def make_network(family: str) -> nn.Module:
-    return {"classic-64x2": lambda: ClassicAgent(4, 2), "classic-4x512": lambda: ClassicAgent(4, 2, 512, 4),
-            "atari": lambda: AtariAgent(4), "continuous": lambda: ContinuousAgent(17, 6)}[family]()
+    return {
+        "classic-64x2": lambda: ClassicAgent(4, 2),
+        "classic-4x512": lambda: ClassicAgent(4, 2, 512, 4),
+        "atari": lambda: AtariAgent(4),
+        "continuous": lambda: ContinuousAgent(17, 6),
+    }[family]()
 
 
 def sample_obs(family: str, batch: int, generator: torch.Generator) -> torch.Tensor:
@@ -204,6 +207,7 @@ def sample_obs(family: str, batch: int, generator: torch.Generator) -> torch.Ten
 
 
 # ---- post-training compression, shared with eval_compressed.py ----
+
 
 def heads(net: nn.Module) -> list:
     """The output layers: pruning keeps their outputs (the action count, the value)."""
@@ -233,7 +237,9 @@ def int8_static(net: nn.Module, calibration: torch.Tensor) -> nn.Module:
     quantize/dequantize pairs into int8 (oneDNN) kernels."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
-        X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
+    )
 
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
     exported = torch.export.export(copy.deepcopy(net).eval(), (calibration[:2],), dynamic_shapes=({0: batch},))
@@ -259,8 +265,13 @@ def prune_structured(net: nn.Module, ratio: float, example: torch.Tensor) -> nn.
 
     out = copy.deepcopy(net)
     with torch.enable_grad():  # Torch-Pruning traces the layers' dependencies through autograd
-        pruner = tp.pruner.MagnitudePruner(out, example_inputs=example, pruning_ratio=ratio, ignored_layers=heads(out),
-                                           importance=tp.importance.MagnitudeImportance(p=2))
+        pruner = tp.pruner.MagnitudePruner(
+            out,
+            example_inputs=example,
+            pruning_ratio=ratio,
+            ignored_layers=heads(out),
+            importance=tp.importance.MagnitudeImportance(p=2),
+        )
         pruner.step()
     return out
 
@@ -274,10 +285,14 @@ def serialized_size(net: nn.Module) -> int:
 
 # ---- the benchmark ----
 
+
 def skip_reason(config: str, device: torch.device) -> Optional[str]:
     if config in ("cudagraphs", "compile-max-autotune") and device.type != "cuda":
-        return ("CUDA graphs need a CUDA device" if config == "cudagraphs" else
-                "its CUDA graphs need a CUDA device; without them it is compile-max-autotune-no-cudagraphs")
+        return (
+            "CUDA graphs need a CUDA device"
+            if config == "cudagraphs"
+            else "its CUDA graphs need a CUDA device; without them it is compile-max-autotune-no-cudagraphs"
+        )
     if config == "int8-static" and device.type != "cpu":
         return "the X86InductorQuantizer targets x86 CPUs"
     if config == "bf16" and device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
@@ -290,15 +305,18 @@ def build(config: str, net: nn.Module, gaussian: bool, obs: torch.Tensor, calibr
     if config == "eager":
         return Policy(net, gaussian)
     if config.startswith("compile-"):
-        return torch.compile(Policy(net, gaussian), mode=config[len("compile-"):])
+        return torch.compile(Policy(net, gaussian), mode=config[len("compile-") :])
     if config == "cudagraphs":
         from tensordict.nn import CudaGraphModule
 
         return CudaGraphModule(Policy(net, gaussian), warmup=2)
     if config == "int8-static":
         return torch.compile(Policy(int8_static(net, calibration), gaussian))
-    compressed = {"bf16": lambda: to_dtype(net, torch.bfloat16), "int8-dynamic": lambda: int8_dynamic(net),
-                  "pruned50": lambda: prune_structured(net, 0.5, obs)}[config]()
+    compressed = {
+        "bf16": lambda: to_dtype(net, torch.bfloat16),
+        "int8-dynamic": lambda: int8_dynamic(net),
+        "pruned50": lambda: prune_structured(net, 0.5, obs),
+    }[config]()
     return torch.compile(Policy(compressed, gaussian))
 
 
@@ -313,7 +331,8 @@ def time_cell(fn, obs, args: Args, device: torch.device):
         for _ in range(args.warmup):
             fn(obs)
         sync()
-        times, start = [], time.perf_counter()
+        times = []
+        start = time.perf_counter()
         while len(times) < args.repeats and (len(times) < 5 or time.perf_counter() - start < args.max_seconds):
             t0 = time.perf_counter()
             fn(obs)
@@ -346,8 +365,11 @@ def run(args: Args, device: torch.device, done) -> dict:
                 obs = sample_obs(family, batch, gen).to(device)
                 fn = build(config, net, net.gaussian, obs, calibration)
                 cells[batch] = time_cell(fn, obs, args, device)
-                print(f"{family:14s} {config:36s} batch {batch:5d}: {cells[batch][0] * 1e6:10.1f} us, "
-                      f"compile {cells[batch][1]:.1f} s", file=sys.stderr)
+                print(
+                    f"{family:14s} {config:36s} batch {batch:5d}: {cells[batch][0] * 1e6:10.1f} us, "
+                    f"compile {cells[batch][1]:.1f} s",
+                    file=sys.stderr,
+                )
         done(results)
     return results
 
@@ -357,39 +379,56 @@ def speedup(t, base):
 
 
 def write_table(args: Args, results: dict, device: torch.device, loads: tuple, path: str):
-    from ppo_torchcompile import machine_info
-
-    info = machine_info(device)
-    lines = ["# Inference: the acting forward pass", "",
-             "Written by `python leanrl/bench_inference.py`. One acting step (sample an action, its log-probability "
-             "and the value) per call; median of up to "
-             f"{args.repeats} timed calls after {args.warmup} warm-up calls (fewer for cells slower than "
-             f"{args.max_seconds:g} s in all). Speed-up is eager time / time - 1 (+100% = twice as fast). bf16, "
-             "int8-dynamic, int8-static and pruned50 run under torch.compile (default mode; int8-static with "
-             "freezing=True); int8-dynamic is torchao's Int8DynamicActivationInt8WeightConfig on the Linear layers "
-             "only (the CNN's convolutions stay fp32), int8-static is PT2E with the X86InductorQuantizer on "
-             "convolutions and Linear layers, calibrated on 256 random sample observations; pruned50 is "
-             "Torch-Pruning's structured L2-magnitude pruning of 50% of the hidden units and channels, heads kept.",
-             "", f"Hardware: {info['cpu']}, GPU: {info['gpu'] or 'none'}, device {device}, torch {torch.__version__}. "
-             f"Load average (1 min) {loads[0]:.2f} at the start, {loads[1]:.2f} at the end. Compile times: " +
-             ("first compiles (`--cold-compile`: Inductor's caches disabled)." if args.cold_compile else
-              "Inductor's on-disk cache on, so a graph this machine compiled before loads from it: warm-cache times "
-              "(`--cold-compile` for first compiles)."), ""]
+    info = plumbing.machine_info(device)
+    lines = [
+        "# Inference: the acting forward pass",
+        "",
+        "Written by `python leanrl/tools/bench_inference.py`. One acting step (sample an action, its log-probability "
+        "and the value) per call; median of up to "
+        f"{args.repeats} timed calls after {args.warmup} warm-up calls (fewer for cells slower than "
+        f"{args.max_seconds:g} s in all). Speed-up is eager time / time - 1 (+100% = twice as fast). bf16, "
+        "int8-dynamic, int8-static and pruned50 run under torch.compile (default mode; int8-static with "
+        "freezing=True); int8-dynamic is torchao's Int8DynamicActivationInt8WeightConfig on the Linear layers "
+        "only (the CNN's convolutions stay fp32), int8-static is PT2E with the X86InductorQuantizer on "
+        "convolutions and Linear layers, calibrated on 256 random sample observations; pruned50 is "
+        "Torch-Pruning's structured L2-magnitude pruning of 50% of the hidden units and channels, heads kept.",
+        "",
+        f"Hardware: {info['cpu']}, GPU: {info['gpu'] or 'none'}, device {device}, torch {torch.__version__}. "
+        f"Load average (1 min) {loads[0]:.2f} at the start, {loads[1]:.2f} at the end. Compile times: "
+        + (
+            "first compiles (`--cold-compile`: Inductor's caches disabled)."
+            if args.cold_compile
+            else "Inductor's on-disk cache on, so a graph this machine compiled before loads from it: warm-cache times "
+            "(`--cold-compile` for first compiles)."
+        ),
+        "",
+    ]
     for family, configs in results.items():
         threads = args.num_threads or (2 if family == "atari" else 1)
-        lines += [f"## {family} ({threads} thread{'s' if threads > 1 else ''})", "",
-                  "| configuration | " + " | ".join(f"batch {b}: us (speed-up)" for b in args.batch_sizes) +
-                  " | compile s (per batch size) |", "|---|" + "---:|" * len(args.batch_sizes) + "---|"]
+        lines += [
+            f"## {family} ({threads} thread{'s' if threads > 1 else ''})",
+            "",
+            "| configuration | "
+            + " | ".join(f"batch {b}: us (speed-up)" for b in args.batch_sizes)
+            + " | compile s (per batch size) |",
+            "|---|" + "---:|" * len(args.batch_sizes) + "---|",
+        ]
         eager = configs.get("eager") if isinstance(configs.get("eager"), dict) else {}
         skipped = []
         for config, cells in configs.items():
             if isinstance(cells, str):
                 skipped.append(f"`{config}` ({cells})")
                 continue
-            row = [f"{cells[b][0] * 1e6:.1f} ({speedup(cells[b][0], eager.get(b, (None,))[0])})"
-                   for b in args.batch_sizes]
-            lines.append(f"| `{config}` | " + " | ".join(row) + " | " +
-                         " / ".join(f"{cells[b][1]:.1f}" for b in args.batch_sizes) + " |")
+            row = [
+                f"{cells[b][0] * 1e6:.1f} ({speedup(cells[b][0], eager.get(b, (None,))[0])})" for b in args.batch_sizes
+            ]
+            lines.append(
+                f"| `{config}` | "
+                + " | ".join(row)
+                + " | "
+                + " / ".join(f"{cells[b][1]:.1f}" for b in args.batch_sizes)
+                + " |"
+            )
         if skipped:
             lines += ["", "Skipped here: " + "; ".join(skipped) + "."]
         lines.append("")
@@ -434,4 +473,4 @@ def main(args: Args):
 
 
 if __name__ == "__main__":
-    main(parse_args(Args))
+    main(plumbing.parse_args(Args))

@@ -1,7 +1,7 @@
 """What post-training compression does to a trained agent: its score, its speed and its size.
 
-    python leanrl/eval_compressed.py runs/<run>/agent.pt                    # a --save-model checkpoint
-    python leanrl/eval_compressed.py runs/<run>/agent.pt --episodes 20      # Atari: fewer, longer episodes
+    python leanrl/tools/eval_compressed.py runs/<run>/agent.pt                    # a --save-model checkpoint
+    python leanrl/tools/eval_compressed.py runs/<run>/agent.pt --episodes 20      # Atari: fewer, longer episodes
 
 Loads the agent of any leanrl script's `--save-model` checkpoint (the family and the network's size come from the
 parameter names and shapes, the env from the checkpoint's args, or --env-id), then for each compression method
@@ -30,10 +30,20 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from bench_inference import (
+    AtariAgent,
+    ClassicAgent,
+    Policy,
+    int8_dynamic,
+    int8_static,
+    prune_structured,
+    serialized_size,
+    to_dtype,
+)
 from torch.nn.utils import prune
 
-from bench_inference import (AtariAgent, ClassicAgent, Policy, fail, int8_dynamic, int8_static, parse_args,
-                             prune_structured, serialized_size, to_dtype)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plumbing.py is in leanrl/, one up
+import plumbing
 
 # envpool's gymnasium spaces warn at every env creation that their float64 bounds became float32
 warnings.filterwarnings("ignore", message=".*precision lowered by casting")
@@ -43,6 +53,8 @@ METHODS = ("fp32", "fp16", "bf16", "int8-dynamic", "int8-static", "structured", 
 
 @dataclass
 class Args:
+    """What post-training compression does to a trained agent: its score, its speed and its size."""
+
     checkpoint: tyro.conf.Positional[str]
     """an agent.pt written by a leanrl script's --save-model"""
     env_id: Optional[str] = None
@@ -77,12 +89,12 @@ def check_args(args: Args):
     for name in ("episodes", "batch", "passes", "calibration", "num_threads"):
         value = getattr(args, name)
         if value is not None and value <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {value}")
+            plumbing.fail(f"--{name.replace('_', '-')} must be positive, got {value}")
     for name in ("structured_ratios", "unstructured_ratios"):
         if any(not 0 < r < 1 for r in getattr(args, name)):
-            fail(f"--{name.replace('_', '-')} must lie strictly between 0 and 1")
+            plumbing.fail(f"--{name.replace('_', '-')} must lie strictly between 0 and 1")
     if not os.path.isfile(args.checkpoint):
-        fail(f"{args.checkpoint}: no such file")
+        plumbing.fail(f"{args.checkpoint}: no such file")
 
 
 def load_agent(args: Args):
@@ -93,31 +105,37 @@ def load_agent(args: Args):
         state = ckpt["agent"]
         keys = set(state)
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
-        fail(f"{args.checkpoint}: not a checkpoint written by --save-model ({type(e).__name__})")
+        plumbing.fail(f"{args.checkpoint}: not a checkpoint written by --save-model ({type(e).__name__})")
     saved = ckpt.get("args", {})
-    env_id, script = args.env_id or saved.get("env_id"), saved.get("exp_name", "unknown script")
+    env_id = args.env_id or saved.get("env_id")
+    script = saved.get("exp_name", "unknown script")
     if env_id is None:
-        fail(f"{args.checkpoint} does not say which env it was trained on; pass --env-id")
+        plumbing.fail(f"{args.checkpoint} does not say which env it was trained on; pass --env-id")
     if "network.0.weight" in keys:
-        family, agent = "atari", AtariAgent(state["actor.weight"].shape[0])
+        family = "atari"
+        agent = AtariAgent(state["actor.weight"].shape[0])
     elif "actor.0.weight" in keys:
         depth = sum(1 for k in keys if k.startswith("actor.") and k.endswith(".weight")) - 1
         width, n_obs = state["actor.0.weight"].shape
         agent = ClassicAgent(n_obs, state[f"actor.{2 * depth}.weight"].shape[0], width, depth)
         family = "classic_control"
     else:
-        fail(f"{args.checkpoint}: no classic-control or Atari agent in it (continuous control is not supported yet)")
+        plumbing.fail(
+            f"{args.checkpoint}: no classic-control or Atari agent in it (continuous control is not supported yet)"
+        )
     try:
         agent.load_state_dict(state)
     except RuntimeError:
-        fail(f"{args.checkpoint}: its agent does not match the {family} architecture of the leanrl scripts")
+        plumbing.fail(f"{args.checkpoint}: its agent does not match the {family} architecture of the leanrl scripts")
     spec = envpool.registration.registry.specs.get(env_id)
     if spec is None or family not in spec[0]:
-        fail(f"--env-id {env_id}: not an envpool {family.replace('_', '-')} env, which this {family} agent needs")
+        plumbing.fail(
+            f"--env-id {env_id}: not an envpool {family.replace('_', '-')} env, which this {family} agent needs"
+        )
     env_shape = make_envs(env_id, family, 1, 0).observation_space.shape
     agent_shape = (agent.network[0].in_channels, 84, 84) if family == "atari" else (agent.actor[0].in_features,)
     if env_shape != agent_shape:
-        fail(f"{env_id} gives observations of shape {env_shape}; the checkpoint's agent takes {agent_shape}")
+        plumbing.fail(f"{env_id} gives observations of shape {env_shape}; the checkpoint's agent takes {agent_shape}")
     return agent.eval(), family, env_id, script
 
 
@@ -132,7 +150,8 @@ def play(policy, env_id: str, family: str, args: Args, record: Optional[list] = 
     """One episode in each of --episodes envs: their returns. `record` collects the observations seen."""
     envs = make_envs(env_id, family, args.episodes, args.seed)
     obs, _ = envs.reset()
-    returns, done = np.zeros(args.episodes), np.zeros(args.episodes, dtype=bool)
+    returns = np.zeros(args.episodes)
+    done = np.zeros(args.episodes, dtype=bool)
     with torch.no_grad():
         while not done.all():
             obs_t = torch.from_numpy(obs)
@@ -140,7 +159,8 @@ def play(policy, env_id: str, family: str, args: Args, record: Optional[list] = 
                 record.append(obs_t.clone())
             obs, reward, terminated, truncated, info = envs.step(policy(obs_t)[0].numpy())
             if family == "atari":  # envpool gives info["terminated"] as int32
-                reward, terminated = info["reward"], info["terminated"].astype(bool)
+                reward = info["reward"]
+                terminated = info["terminated"].astype(bool)
             returns += np.where(done, 0.0, reward)
             done |= terminated | truncated
     envs.close()
@@ -163,7 +183,8 @@ def compressed(agent: nn.Module, args: Args, calibration: torch.Tensor) -> dict:
     rows = {"fp32": lambda: agent}
     for method in args.methods:
         if method in ("fp16", "bf16"):
-            rows[method] = lambda dtype=getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[method]): to_dtype(agent, dtype)
+            dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[method]
+            rows[method] = lambda dtype=dtype: to_dtype(agent, dtype)
         elif method == "int8-dynamic":
             rows[method] = lambda: int8_dynamic(agent)
         elif method == "int8-static":
@@ -179,8 +200,13 @@ def compressed(agent: nn.Module, args: Args, calibration: torch.Tensor) -> dict:
 
 def zero_fraction(net: nn.Module) -> float:
     """Fraction of exact zeros among the float weights of Linear and Conv layers (int8 ones are not counted)."""
-    weights = [m.weight for m in net.modules() if isinstance(m, (nn.Linear, nn.Conv2d)) and m.weight.is_floating_point()
-               and type(m.weight) in (torch.Tensor, nn.Parameter)]
+    weights = [
+        m.weight
+        for m in net.modules()
+        if isinstance(m, (nn.Linear, nn.Conv2d))
+        and m.weight.is_floating_point()
+        and type(m.weight) in (torch.Tensor, nn.Parameter)
+    ]
     return sum(int((w == 0).sum()) for w in weights) / max(sum(w.numel() for w in weights), 1)
 
 
@@ -213,7 +239,8 @@ def main(args: Args):
     calibration = torch.cat(seen)[: args.calibration]
     timing_obs = calibration[torch.randperm(len(calibration))[: args.batch]]
     if len(timing_obs) < args.batch:  # short episodes: repeat what was seen
-        timing_obs = timing_obs.repeat((args.batch + len(timing_obs) - 1) // len(timing_obs), *[1] * (timing_obs.dim() - 1))[: args.batch]
+        copies = (args.batch + len(timing_obs) - 1) // len(timing_obs)
+        timing_obs = timing_obs.repeat(copies, *[1] * (timing_obs.dim() - 1))[: args.batch]
     start_load = os.getloadavg()[0]
     rows = []
     for name, build in compressed(agent, args, calibration).items():
@@ -223,36 +250,52 @@ def main(args: Args):
         fn = acting(net, args)
         returns = reference if name == "fp32" else play(fn, env_id, family, args)
         size = serialized_size(net)
-        rows.append(dict(method=name, mean=float(np.mean(returns)), std=float(np.std(returns)),
-                         time=forward_time(fn, timing_obs, args.passes), size=size, zeros=zero_fraction(net)))
+        rows.append(
+            dict(
+                method=name,
+                mean=float(np.mean(returns)),
+                std=float(np.std(returns)),
+                time=forward_time(fn, timing_obs, args.passes),
+                size=size,
+                zeros=zero_fraction(net),
+            )
+        )
         r = rows[-1]
-        print(f"{name:18s} return {r['mean']:8.1f} +- {r['std']:6.1f}  forward {r['time'] * 1e6:9.1f} us  "
-              f"{r['size'] / 1e6:7.3f} MB", file=sys.stderr)
+        print(
+            f"{name:18s} return {r['mean']:8.1f} +- {r['std']:6.1f}  forward {r['time'] * 1e6:9.1f} us  "
+            f"{r['size'] / 1e6:7.3f} MB",
+            file=sys.stderr,
+        )
     write_table(args, rows, env_id, script, (start_load, os.getloadavg()[0]))
     print(f"wrote {args.table}", file=sys.stderr)
 
 
 def write_table(args: Args, rows: list, env_id: str, script: str, loads: tuple):
-    from ppo_torchcompile import machine_info
-
-    info = machine_info(torch.device("cpu"))
+    info = plumbing.machine_info(torch.device("cpu"))
     base = rows[0]
-    lines = [f"## {env_id}", "",
-             f"Written by `python leanrl/eval_compressed.py {args.checkpoint}`: the agent of `{script}` on {env_id}, "
-             f"{args.episodes} episodes per method (one per env, all stepping together), actions "
-             f"{'taken as the mode (argmax)' if args.deterministic else 'sampled from the policy'}; forward time of "
-             f"the acting step (action, log-probability, value) for a batch of {args.batch} observations, median of "
-             f"{args.passes} passes, {'torch.compile' if args.compile else 'eager'}, "
-             f"{torch.get_num_threads()} thread(s); size = bytes of the state_dict as torch.save writes it.",
-             "", f"Hardware: {info['cpu']}, torch {torch.__version__}. Load average (1 min) {loads[0]:.2f} at the "
-             f"start, {loads[1]:.2f} at the end.", "",
-             "| method | mean return (std) | forward us (batch "
-             f"{args.batch}) | speed-up vs fp32 | size MB | size bytes | zero weights |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"## {env_id}",
+        "",
+        f"Written by `python leanrl/tools/eval_compressed.py {args.checkpoint}`: the agent of `{script}` on {env_id}, "
+        f"{args.episodes} episodes per method (one per env, all stepping together), actions "
+        f"{'taken as the mode (argmax)' if args.deterministic else 'sampled from the policy'}; forward time of "
+        f"the acting step (action, log-probability, value) for a batch of {args.batch} observations, median of "
+        f"{args.passes} passes, {'torch.compile' if args.compile else 'eager'}, "
+        f"{torch.get_num_threads()} thread(s); size = bytes of the state_dict as torch.save writes it.",
+        "",
+        f"Hardware: {info['cpu']}, torch {torch.__version__}. Load average (1 min) {loads[0]:.2f} at the "
+        f"start, {loads[1]:.2f} at the end.",
+        "",
+        "| method | mean return (std) | forward us (batch "
+        f"{args.batch}) | speed-up vs fp32 | size MB | size bytes | zero weights |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| `{r['method']}` | {r['mean']:.1f} ({r['std']:.1f}) | {r['time'] * 1e6:.1f} | "
-                     f"{(base['time'] / r['time'] - 1) * 100:+.0f}% | {r['size'] / 1e6:.3f} | {r['size']} | "
-                     f"{r['zeros']:.0%} |")
+        lines.append(
+            f"| `{r['method']}` | {r['mean']:.1f} ({r['std']:.1f}) | {r['time'] * 1e6:.1f} | "
+            f"{(base['time'] / r['time'] - 1) * 100:+.0f}% | {r['size'] / 1e6:.3f} | {r['size']} | "
+            f"{r['zeros']:.0%} |"
+        )
     # one section per env: a run replaces its env's section and keeps the others (CartPole and Atari in one file)
     sections = {}
     if os.path.isfile(args.table):
@@ -266,4 +309,4 @@ def write_table(args: Args, rows: list, env_id: str, script: str, loads: tuple):
 
 
 if __name__ == "__main__":
-    main(parse_args(Args))
+    main(plumbing.parse_args(Args))

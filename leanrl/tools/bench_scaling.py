@@ -1,7 +1,7 @@
 """Scaling of the data-parallel PPO scripts over world sizes 1, 2, ... on this machine, launched with torchrun.
 
-    python leanrl/bench_scaling.py --scaling weak     # same batch per rank: the global batch grows with the ranks
-    python leanrl/bench_scaling.py --scaling strong   # same global batch, shared out among the ranks
+    python leanrl/tools/bench_scaling.py --scaling weak     # same batch per rank: the global batch grows with the ranks
+    python leanrl/tools/bench_scaling.py --scaling strong   # same global batch, shared out among the ranks
 
 For each world size it runs the script (all ranks on this machine, one intra-op thread each), reads rank 0's logs
 and reports the steady-state global fps, the speedup and efficiency against world size 1 (ideal: speedup = world
@@ -10,9 +10,7 @@ size), and the t_sync share: the fraction of the steady-state wall time a rank s
 `scaling_<mode>.png` into --out-dir. doc/distributed.md reads the numbers.
 """
 
-import contextlib
 import csv
-import io
 import json
 import math
 import os
@@ -25,13 +23,16 @@ import tempfile
 from dataclasses import asdict, dataclass
 from typing import Literal, Optional
 
-import tyro
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plumbing.py is in leanrl/, one up
+import plumbing
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+LEANRL = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the training scripts' folder
 
 
 @dataclass
 class Args:
+    """Scaling of the data-parallel PPO scripts over world sizes 1, 2, ... on this machine, launched with torchrun."""
+
     scaling: Literal["weak", "strong"] = "weak"
     """weak: --num-envs envs on every rank (the global batch grows); strong: --num-envs envs in all, shared out"""
     script: str = "ppo_ddp_torchcompile.py"
@@ -50,47 +51,33 @@ class Args:
     """iterations left out of the steady-state fps"""
     repeats: int = 1
     """runs per world size; the median fps is reported"""
-    out_dir: str = os.path.join(os.path.dirname(HERE), "doc")
+    out_dir: str = os.path.join(os.path.dirname(LEANRL), "doc")
     """where scaling_<mode>.json, .csv and .png go"""
-
-
-def fail(message: str):
-    """A user mistake: one line on stderr, exit code 2, no traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def parse_args() -> Args:
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            return tyro.cli(Args, description=__doc__)
-    except SystemExit as e:
-        if e.code:  # tyro draws a multi-line box: fold it into the one line a user mistake gets
-            lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
-            fail(" ".join(ln for ln in lines[1:] if ln and not ln.startswith("For full helptext")))
-        raise
 
 
 def check_args(args: Args) -> list:
     """Validates the flags; returns the world sizes to run."""
-    if not os.path.isfile(os.path.join(HERE, args.script)):
-        fail(f"--script {args.script}: no such script in leanrl/ (e.g. ppo_ddp_torchcompile.py)")
+    if not os.path.isfile(os.path.join(LEANRL, args.script)):
+        plumbing.fail(f"--script {args.script}: no such script in leanrl/ (e.g. ppo_ddp_torchcompile.py)")
     for name in ("num_envs", "num_steps", "total_timesteps", "repeats"):
         if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+            plumbing.fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.measure_burnin < 0:
-        fail(f"--measure-burnin must be at least 0, got {args.measure_burnin}")
+        plumbing.fail(f"--measure-burnin must be at least 0, got {args.measure_burnin}")
     top = args.max_world_size if args.max_world_size is not None else os.cpu_count() or 1
     if top <= 0:
-        fail(f"--max-world-size must be positive, got {top}")
+        plumbing.fail(f"--max-world-size must be positive, got {top}")
     sizes = list(range(1, top + 1))
     if args.scaling == "strong" and any(args.num_envs % n for n in sizes):
-        fail(f"--scaling strong shares --num-envs {args.num_envs} out among 1..{top} ranks: pick a multiple of "
-             f"{math.lcm(*sizes)}")
+        plumbing.fail(
+            f"--scaling strong shares --num-envs {args.num_envs} out among 1..{top} ranks: pick a multiple of "
+            f"{math.lcm(*sizes)}"
+        )
     if args.total_timesteps < args.num_envs * args.num_steps * (args.measure_burnin + 1):
-        fail(f"--total-timesteps {args.total_timesteps} leaves no iteration after the {args.measure_burnin} of "
-             f"burn-in; give at least {args.num_envs * args.num_steps * (args.measure_burnin + 1)}")
+        plumbing.fail(
+            f"--total-timesteps {args.total_timesteps} leaves no iteration after the {args.measure_burnin} of "
+            f"burn-in; give at least {args.num_envs * args.num_steps * (args.measure_burnin + 1)}"
+        )
     return sizes
 
 
@@ -104,10 +91,30 @@ def run_once(args: Args, world_size: int, log_dir: str) -> dict:
     """One torchrun job; returns fps and the t_sync share from rank 0's logs."""
     num_envs = args.num_envs if args.scaling == "weak" else args.num_envs // world_size
     total = args.total_timesteps * (world_size if args.scaling == "weak" else 1)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world_size),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), os.path.join(HERE, args.script),
-           "--num-envs", str(num_envs), "--num-steps", str(args.num_steps), "--total-timesteps", str(total),
-           "--measure-burnin", str(args.measure_burnin), "--num-threads", "1", "--log-dir", log_dir]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(world_size),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        os.path.join(LEANRL, args.script),
+        "--num-envs",
+        str(num_envs),
+        "--num-steps",
+        str(args.num_steps),
+        "--total-timesteps",
+        str(total),
+        "--measure-burnin",
+        str(args.measure_burnin),
+        "--num-threads",
+        "1",
+        "--log-dir",
+        log_dir,
+    ]
     load_before = os.getloadavg()[0]
     proc = subprocess.run(cmd + (["--compile"] if args.compile else []), capture_output=True, text=True, check=False)
     if proc.returncode:
@@ -116,13 +123,20 @@ def run_once(args: Args, world_size: int, log_dir: str) -> dict:
         rows = [json.loads(line) for line in f]
     with open(os.path.join(log_dir, "summary.json")) as f:
         summary = json.load(f)
-    steady = rows[args.measure_burnin:]
+    steady = rows[args.measure_burnin :]
     wall = steady[-1]["time"] - (rows[args.measure_burnin - 1]["time"] if args.measure_burnin else 0.0)
-    return dict(num_envs=num_envs, global_batch=num_envs * args.num_steps * world_size, fps=summary["fps"],
-                t_sync_share=sum(r["t_sync"] for r in steady) / wall,
-                t_sync_per_iteration=statistics.median(r["t_sync"] for r in steady),
-                final_return=summary["final_return"], load_before=load_before, load_after=os.getloadavg()[0],
-                cpu=summary["cpu"], torch=summary["torch"])
+    return dict(
+        num_envs=num_envs,
+        global_batch=num_envs * args.num_steps * world_size,
+        fps=summary["fps"],
+        t_sync_share=sum(r["t_sync"] for r in steady) / wall,
+        t_sync_per_iteration=statistics.median(r["t_sync"] for r in steady),
+        final_return=summary["final_return"],
+        load_before=load_before,
+        load_after=os.getloadavg()[0],
+        cpu=summary["cpu"],
+        torch=summary["torch"],
+    )
 
 
 def plot(rows: list, mode: str, path: str):
@@ -156,8 +170,11 @@ def main(args: Args):
             runs = [run_once(args, world_size, os.path.join(tmp, f"ws{world_size}_{i}")) for i in range(args.repeats)]
             row = sorted(runs, key=lambda r: r["fps"])[len(runs) // 2]  # the median run
             rows.append(dict(world_size=world_size, **row, fps_runs=[r["fps"] for r in runs]))
-            print(f"world size {world_size}: {row['fps']:.0f} fps, t_sync {row['t_sync_share']:.1%} "
-                  f"(load {row['load_before']:.1f})", file=sys.stderr)
+            print(
+                f"world size {world_size}: {row['fps']:.0f} fps, t_sync {row['t_sync_share']:.1%} "
+                f"(load {row['load_before']:.1f})",
+                file=sys.stderr,
+            )
     for r in rows:
         r["speedup"] = r["fps"] / rows[0]["fps"]
         r["efficiency"] = r["speedup"] / r["world_size"]
@@ -165,8 +182,19 @@ def main(args: Args):
     stem = os.path.join(args.out_dir, f"scaling_{args.scaling}")
     with open(stem + ".json", "w") as f:
         json.dump(dict(args=asdict(args), machine=platform.node(), rows=rows), f, indent=2)
-    columns = ["world_size", "num_envs", "global_batch", "fps", "speedup", "efficiency", "t_sync_share",
-               "t_sync_per_iteration", "final_return", "load_before", "load_after"]
+    columns = [
+        "world_size",
+        "num_envs",
+        "global_batch",
+        "fps",
+        "speedup",
+        "efficiency",
+        "t_sync_share",
+        "t_sync_per_iteration",
+        "final_return",
+        "load_before",
+        "load_after",
+    ]
     with open(stem + ".csv", "w", newline="") as f:
         writer = csv.DictWriter(f, columns, extrasaction="ignore")
         writer.writeheader()
@@ -176,4 +204,4 @@ def main(args: Args):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    main(plumbing.parse_args(Args))
