@@ -353,7 +353,9 @@ def make_optimizer(agent, lr, capturable: bool):
     return optimizer
 
 
-def warm_up(args, device, act_device, n_obs: int, n_actions: int, policy, evaluate, get_value, compute_gae, update_mb):
+def warm_up(
+    args, device, act_device, n_obs: int, n_actions: int, policy, evaluate, get_value, compute_gae, update_minibatch
+):
     """Call every unit on zeros of the loop's shapes and layouts, so that each compiles now (no random number drawn).
     Every input is a tensor of its own, as in the loop: Dynamo specializes a graph on two inputs being the same."""
     T = args.num_steps
@@ -369,7 +371,7 @@ def warm_up(args, device, act_device, n_obs: int, n_actions: int, policy, evalua
     )
     batch = [x.flatten(0, 1) for x in (obs, actions, logprobs, advantages, returns, values)]
     for inds in torch.arange(args.batch_size, device=device).view(args.num_minibatches, -1):
-        update_mb(*batch, inds)
+        update_minibatch(*batch, inds)
 
 
 def fill_compile_cache(log_dir: str):
@@ -466,7 +468,8 @@ def main(args: Args):
     pending = None
     if args.compile_async:
         # the trick: the first calls of the units just compiled, which compile them, are made in the background
-        # (compile_in_background); the state they hold is theirs until the swap, as those calls change it
+        # (compile_in_background); they change the state the units hold, so the loop trains on a copy until the swap
+        eager_agent = copy.deepcopy(agent)
         pending = compile_in_background(
             args, device, act_device, n_obs, n_actions, policy, evaluate, get_value, compute_gae, update_minibatch
         )
@@ -478,12 +481,12 @@ def main(args: Args):
         compute_gae = CudaGraphModule(compute_gae)
         update_minibatch = CudaGraphModule(update_minibatch)
     if args.compile_async:
-        # the loop starts at once with eager units on a copy of the training state; load_state hands it over at the swap
+        # the loop starts at once with eager units on the copy; load_state hands its state over at the swap
         compiled_units = (policy, evaluate, get_value, compute_gae, update_minibatch)
         compiled_agent = agent
         compiled_optimizer = optimizer
-        agent = copy.deepcopy(agent)
-        agent_inference = copy.deepcopy(agent_inference)
+        agent = eager_agent
+        agent_inference = copy.deepcopy(eager_agent)
         from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
         optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)
         policy = functools.partial(act, acting if host else agent_inference.actor)  # a host copy is refreshed
