@@ -1,33 +1,40 @@
 """ppo_torchcompile.py made synchronous data-parallel (DD-PPO style) on torch.distributed, launched with torchrun.
 
-Every rank steps its own envs (seeded apart) and starts from rank 0's parameters; every minibatch the ranks average
-their gradients (one all-reduce of one flat buffer, between the gradient and the Adam step), so all apply the same
-update and the parameters stay identical without being sent again. Advantages are normalized with each minibatch's
-moments over all ranks (`--global-adv-norm`); these, the episode returns and the stop flag travel in one small
-all-reduce per iteration. Rank 0 logs. gloo on CPU, nccl on CUDA; doc/distributed.md has launch commands and scaling.
-ppo_torchcompile.py's docstring notes the base's own tricks, all of which hold per rank.
+The algorithm, network and defaults of ppo.py (CleanRL's). Its tricks, each in the function that holds it
+(doc/classic_control.md measures each):
+
+- `act`: a rollout step only samples, argmax(logits + Gumbel noise), exact Categorical sampling without a Distribution;
+  the log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
+- `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
+- `update`: torch.func.grad and torch.optim's functional Adam, so that compiled, forward, backward, clipping and the
+  Adam step are one graph (optimizer.step() would break it).
+- `host_copy`, `refresh` (--host-actor): a CUDA learner acts through a host copy of the actor, refreshed once per
+  iteration: a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches.
+- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs);
+  lr is a tensor changed in place (no recompilation); once all has compiled the guards are skipped.
+
+The one trick of this script, data parallelism (doc/distributed.md has launch commands and scaling):
+
+- `Dist`: every rank steps its own envs (seeded apart) and starts from rank 0's parameters (gloo on CPU, nccl on CUDA);
+  rank 0 logs and writes the checkpoint, which holds every rank's envs.
+- `average_gradients`: every minibatch the ranks average their gradients (one all-reduce of one flat buffer, between
+  the gradient and the Adam step), so all apply the same update and the parameters stay identical unsent.
+- `sync_iteration`: each minibatch's advantage moments over all ranks (`--global-adv-norm`), the episode returns and
+  the stop flag travel in one small all-reduce per iteration.
+- `params_digest`: summary.json holds every rank's parameter hash, equal if the ranks stayed in step.
 
     python leanrl/ppo_ddp_torchcompile.py --compile                       # one process, no launcher
     torchrun --nproc-per-node 2 leanrl/ppo_ddp_torchcompile.py --compile  # 2 ranks on this machine
 """
 
-import contextlib
+import copy
 import datetime
 import functools
 import hashlib
-import importlib.util
-import io
-import json
-import math
 import os
-import platform
-import signal
 import sys
-import tempfile
 import time
-from collections import deque
-from dataclasses import asdict, dataclass
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Optional
 
 import gymnasium as gym
@@ -35,13 +42,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import tqdm
-import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 from torch.optim.adam import adam
 
-SCRIPT = os.path.basename(__file__)[: -len(".py")]
+import plumbing
+
+SCRIPT = plumbing.script_name(__file__)
+SAME = ("env_id", "num_envs", "num_steps")  # what a resumed run must share with the checkpoint's
 
 
 @dataclass
@@ -104,7 +112,11 @@ class Args:
     compile: bool = False
     """if toggled, wrap the policy, gae and update units in torch.compile"""
     cudagraphs: bool = False
-    """if toggled, wrap the policy, gae and update units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
+    """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
+    host_actor: bool = True
+    """with the learner on CUDA, act in the rollout with a host copy of the actor, refreshed after each iteration's
+    updates (one copy of ~20 KB): a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches. A CPU
+    learner acts with its own actor (no copy)"""
     measure_burnin: int = 3
     """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
     log_dir: Optional[str] = None
@@ -119,100 +131,55 @@ class Args:
     """seconds a rank waits in a collective for the others before it stops with an error (a rank died or hangs)"""
 
 
-def fail(message: str):
-    """A user mistake: one line on stderr, exit code 2, no traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def parse_args() -> Args:
-    try:
-        with contextlib.redirect_stderr(err := io.StringIO()):
-            return tyro.cli(Args)
-    except SystemExit as e:
-        if e.code:  # tyro draws a multi-line box: fold it into the one line a user mistake gets
-            lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
-            fail(" ".join(ln for ln in lines[1:] if ln and not ln.startswith("For full helptext")))
-        raise
-
-
-def check_env_id(env_id: str):
-    spec = gym.registry.get(env_id)
-    if spec is not None and "classic_control" in str(spec.entry_point):
-        if isinstance(gym.make(env_id).action_space, gym.spaces.Discrete):
-            return
-        fail(f"--env-id {env_id} has continuous actions; this script is for discrete classic control (e.g. CartPole-v1)")
-    import envpool.registration  # knows the Atari and MuJoCo ids, to point at the right script
-    family = envpool.registration.registry.specs.get(env_id, ("",))[0]
-    if "atari" in family:
-        fail(f"--env-id {env_id} is an Atari game; use leanrl/ppo_atari_envpool.py")
-    if spec is not None and "mujoco" in str(spec.entry_point) or "mujoco" in family:
-        fail(f"--env-id {env_id} is a MuJoCo task; this script is for discrete classic control (e.g. CartPole-v1)")
-    known = [k for k, s in gym.registry.items() if "classic_control" in str(s.entry_point)]
-    fail(f"--env-id {env_id}: unknown env id; discrete classic-control ids: {', '.join(sorted(known))}")
-
-
 def check_args(args: Args) -> Optional[dict]:
     """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
-    def need(ok: bool, name: str, what: str):
-        if not ok:
-            fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
-        need(getattr(args, name) > 0, name, "positive")
-    for name in ("learning_rate", "clip_coef", "max_grad_norm"):
-        need(0 < getattr(args, name) < math.inf, name, "positive and finite")
-    for name in ("ent_coef", "vf_coef"):
-        need(0 <= getattr(args, name) < math.inf, name, "non-negative and finite")
-    for name in ("gamma", "gae_lambda"):
-        need(0 < getattr(args, name) <= 1, name, "in (0, 1]")
-    need(0 <= args.seed < 2**31, "seed", "in [0, 2**31)")
-    need(args.measure_burnin >= 0, "measure_burnin", "non-negative")
-    need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
-    need(0 < args.dist_timeout < math.inf, "dist_timeout", "positive and finite")
+    plumbing.positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    plumbing.positive_finite(args, "learning_rate", "clip_coef", "max_grad_norm", "target_kl")
+    plumbing.positive_finite(args, "dist_timeout")
+    plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
+    plumbing.unit_interval(args, "gamma", "gae_lambda")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
-             f"(num_envs x num_steps); pick a divisor of {batch_size}")
+        plumbing.fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
+            f"(num_envs x num_steps); pick a divisor of {batch_size}"
+        )
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
     if args.total_timesteps < batch_size * args.world_size:
-        fail(f"--total-timesteps {args.total_timesteps} is below one batch ({batch_size} steps x {args.world_size} ranks)")
-    check_env_id(args.env_id)
-    if args.capture_video and not all(importlib.util.find_spec(m) for m in ("moviepy", "pygame")):
-        fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
-    ckpt = load_checkpoint(args) if args.resume else None
-    check_log_dir(args)
-    return ckpt
-
-
-def check_log_dir(args: Args):
-    """Last, so that a bad flag never leaves a folder behind: the log dir (default resolved into args) is writable."""
-    args.log_dir = args.log_dir or f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
-    if int(os.environ.get("RANK", "0")):  # rank 0 alone writes there
-        return
-    try:
-        os.makedirs(args.log_dir, exist_ok=True)
-        tempfile.TemporaryFile(dir=args.log_dir).close()
-    except OSError as e:
-        fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
+        plumbing.fail(
+            f"--total-timesteps {args.total_timesteps} is below one batch "
+            f"({batch_size} steps x {args.world_size} ranks)"
+        )
+    plumbing.check_env_id(args.env_id, "classic", "ppo")
+    if args.resume:  # every rank resumes its own envs: checked before check_run creates the log dir
+        ranks = plumbing.load_checkpoint(args, SCRIPT, SAME)["world_size"]
+        if ranks != args.world_size:
+            plumbing.fail(f"--resume {args.resume} was trained with {ranks} ranks; launch {ranks}")
+    return plumbing.check_run(args, SCRIPT, same=SAME, video=True)
 
 
 class Dist:
     """This process's place in the job. torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (and the
     rendezvous address); a plain `python script.py` is rank 0 of 1 and has no process group: nothing communicates."""
 
-    def __init__(self, args: Args):
-        self.rank, self.world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        self.device = torch.device("cpu")
-        if torch.cuda.is_available() and args.cuda:
+    def __init__(self, args: Args, device: torch.device):
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.device = device
+        if device.type == "cuda":  # each rank a GPU of this node, in turn
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         # NCCL wants one GPU per rank; gloo runs on CPU, and on CUDA tensors when ranks share a GPU
-        own_gpu = self.device.type == "cuda" and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= torch.cuda.device_count()
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        own_gpu = self.device.type == "cuda" and local_ranks <= torch.cuda.device_count()
         self.backend = "nccl" if own_gpu else "gloo"
         self.t_sync = 0.0  # seconds spent in collectives, reset every iteration
         if self.world_size > 1:  # the timeout bounds every collective: a rank that died or hangs stops the others
-            dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=args.dist_timeout),
-                                    device_id=self.device if own_gpu else None)
+            dist.init_process_group(
+                self.backend,
+                timeout=datetime.timedelta(seconds=args.dist_timeout),
+                device_id=self.device if own_gpu else None,
+            )
 
     def collective(self, op, *op_args):
         """op(*op_args) over the ranks, timed into t_sync (nothing on one rank); a dead or hung peer (connection closed,
@@ -224,8 +191,11 @@ class Dist:
             op(*op_args)
         except RuntimeError as e:
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0].rsplit("] ", 1)[-1][:160]
-            print(f"\nerror: rank {self.rank} of {self.world_size} lost the other ranks ({reason}); stopping",
-                  file=sys.stderr, flush=True)
+            print(
+                f"\nerror: rank {self.rank} of {self.world_size} lost the other ranks ({reason}); stopping",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(1)  # no clean-up that could wait on the lost peers again
         self.t_sync += time.perf_counter() - t0
 
@@ -234,7 +204,8 @@ class Dist:
         for p in module.parameters():
             self.collective(dist.broadcast, p.detach(), 0)
 
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:  # the sum of x over the ranks, in place
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of x over the ranks, in place."""
         self.collective(dist.all_reduce, x)
         return x
 
@@ -257,8 +228,11 @@ def make_envs(args: Args, video_dir: str, rank: int):
             return gym.wrappers.RecordVideo(gym.make(args.env_id, render_mode="rgb_array"), video_dir)
         return gym.make(args.env_id)
 
-    return gym.vector.SyncVectorEnv([functools.partial(make, i) for i in range(args.num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
+    return gym.vector.SyncVectorEnv(
+        [functools.partial(make, i) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        copy=False,
+    )
 
 
 def env_parts(env):
@@ -270,9 +244,15 @@ def env_parts(env):
 
 def env_state(envs) -> list:
     """Everything that moves in a classic-control vector env: a checkpoint holding it resumes bit for bit."""
-    return [dict(state=torch.as_tensor(np.array(u.state, dtype=np.float64)), rng=u.np_random.bit_generator.state,
-                 elapsed=limit._elapsed_steps, beyond=getattr(u, "steps_beyond_terminated", None))
-            for u, limit in map(env_parts, envs.envs)]
+    return [
+        dict(
+            state=torch.as_tensor(np.array(u.state, dtype=np.float64)),
+            rng=u.np_random.bit_generator.state,
+            elapsed=limit._elapsed_steps,
+            beyond=getattr(u, "steps_beyond_terminated", None),
+        )
+        for u, limit in map(env_parts, envs.envs)
+    ]
 
 
 def set_env_state(envs, states: list):
@@ -291,18 +271,23 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 class Agent(nn.Module):
     def __init__(self, n_obs: int, n_actions: int):
         super().__init__()
-        self.critic = nn.Sequential(layer_init(nn.Linear(n_obs, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-                                    layer_init(nn.Linear(64, 1), std=1.0))
-        self.actor = nn.Sequential(layer_init(nn.Linear(n_obs, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-                                   layer_init(nn.Linear(64, n_actions), std=0.01))
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, n_actions), std=0.01),
+        )
 
     def get_value(self, x):
         return self.critic(x).squeeze(-1)
-
-    def act(self, x, gumbel):
-        """One rollout step: argmax(logits + Gumbel noise), exact Categorical sampling. Acting needs nothing else: the
-        rollout's log-probabilities and values come from one batched forward afterwards (same numbers)."""
-        return (self.actor(x) + gumbel).argmax(-1)
 
     def forward(self, x, action):
         """Log-probability and entropy of `action`, and the state value: what the loss needs."""
@@ -311,27 +296,44 @@ class Agent(nn.Module):
         return logp.gather(-1, action.unsqueeze(-1)).squeeze(-1), entropy, self.critic(x).squeeze(-1)
 
 
-def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int, rng: torch.Generator):
-    """num_steps steps of every env into `buf`; returns the last obs/done (numpy) and the time split. The env's outputs
-    (in numpy) and the actions (in a list) reach `buf` in one copy per iteration, not several tensor ops per step."""
+def act(actor, x, gumbel):
+    """One rollout step: argmax(logits + Gumbel noise), exact Categorical sampling. Acting needs nothing else: the
+    rollout's log-probabilities and values come from one batched forward afterwards (same numbers)."""
+    return (actor(x) + gumbel).argmax(-1)
+
+
+def host_copy(module: nn.Module, device: torch.device) -> nn.Module:
+    """A copy of `module` on `device` to act with: storage of its own, no autograd; `refresh` keeps it current."""
+    return copy.deepcopy(module).requires_grad_(False).to(device)
+
+
+def refresh(acting: nn.Module, learner: nn.Module):
+    """The learner's parameters into its acting copy, in one transfer (~20 KB)."""
+    flat = nn.utils.parameters_to_vector(learner.parameters()).to(next(acting.parameters()).device)
+    nn.utils.vector_to_parameters(flat, acting.parameters())  # sets each one's .data: autograd stays out
+
+
+def rollout(envs, policy, act_device, next_obs, next_done, buf, episodes, n_actions: int, rng: torch.Generator):
+    """num_steps steps of every env into `buf`, acting on `act_device`; returns the last obs/done (numpy) and the time
+    split. The env's outputs and the actions are staged in numpy and reach `buf` in one copy per iteration each."""
     num_steps, device = buf["obs"].shape[0], buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
     dones, rewards = np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
-    gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()  # one draw per rollout
-    actions, t_env, t_policy = [], 0.0, 0.0
+    actions, t_env, t_policy = np.empty(buf["actions"].shape, np.int64), 0.0, 0.0
+    # one draw per rollout from the loop's generator, brought to where the policy acts in one transfer
+    gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()
+    gumbel = gumbel.to(act_device)
     for step in range(num_steps):
         obs[step], dones[step] = next_obs, next_done
         t0 = time.perf_counter()
-        action = policy(torch.from_numpy(next_obs).to(device, non_blocking=True), gumbel[step])
-        actions.append(action)
+        actions[step] = policy(torch.from_numpy(next_obs).to(act_device, non_blocking=True), gumbel[step]).cpu().numpy()
         t1 = time.perf_counter()
-        next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
+        next_obs, reward, terminations, truncations, _ = envs.step(actions[step])
         t_env, t_policy = t_env + time.perf_counter() - t1, t_policy + t1 - t0
         next_done, rewards[step] = terminations | truncations, reward
         episodes.record(reward, next_done)
-    for key, x in (("obs", obs), ("dones", dones), ("rewards", rewards)):
+    for key, x in (("obs", obs), ("actions", actions), ("dones", dones), ("rewards", rewards)):
         buf[key].copy_(torch.from_numpy(x), non_blocking=True)
-    torch.stack(actions, out=buf["actions"])
     return next_obs, next_done, t_env, t_policy
 
 
@@ -355,7 +357,9 @@ def ppo_loss(params, agent, args, obs, actions, logprobs, advantages, returns, v
     clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
     if args.norm_adv:
         advantages = (advantages - adv_mean) / (adv_std + 1e-8)  # the minibatch's, over all ranks by default
-    pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    pg_loss = torch.max(
+        -advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    ).mean()
     if args.clip_vloss:
         v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
         v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
@@ -370,29 +374,57 @@ def ppo_loss(params, agent, args, obs, actions, logprobs, advantages, returns, v
 def average_gradients(dist_: Dist, grads: dict) -> dict:
     """The mean of every rank's gradients: one all-reduce of one flat buffer (a few kB here), not one per tensor."""
     flat = dist_.all_reduce(torch.cat([g.flatten() for g in grads.values()])) / dist_.world_size
-    return {name: x.view_as(g) for (name, g), x in zip(grads.items(), flat.split([g.numel() for g in grads.values()]))}
+    sizes = [g.numel() for g in grads.values()]
+    return {name: x.view_as(g) for (name, g), x in zip(grads.items(), flat.split(sizes))}
 
 
-def update(agent, optimizer, lr, args, dist_, obs, actions, logprobs, advantages, returns, values, inds, adv_mean,
-           adv_std):
+def update(
+    agent, optimizer, lr, args, dist_, obs, actions, logprobs, advantages, returns, values, inds, adv_mean, adv_std
+):
     """One minibatch step. Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm].
     Gradients from torch.func.grad and the step from torch.optim's functional Adam, on the optimizer's own state:
     compiled, it is one graph each side of the all-reduce (loss.backward() and optimizer.step() would each break it)."""
     params = {name: p.detach() for name, p in agent.named_parameters()}
     grads, stats = torch.func.grad(ppo_loss, has_aux=True)(
-        params, agent, args, obs[inds], actions[inds], logprobs[inds], advantages[inds], returns[inds], values[inds],
-        adv_mean, adv_std)
+        params,
+        agent,
+        args,
+        obs[inds],
+        actions[inds],
+        logprobs[inds],
+        advantages[inds],
+        returns[inds],
+        values[inds],
+        adv_mean,
+        adv_std,
+    )
     if dist_.world_size > 1:
         grads = average_gradients(dist_, grads)
     plist = list(agent.parameters())
     for p, name in zip(plist, params):
         p.grad = grads[name]
-    grad_norm = nn.utils.clip_grad_norm_(plist, args.max_grad_norm, foreach=False)  # per-tensor norms fuse; foreach does not
+    grad_norm = nn.utils.clip_grad_norm_(
+        plist, args.max_grad_norm, foreach=False
+    )  # per-tensor norms fuse; foreach does not
     state, group = [optimizer.state[p] for p in plist], optimizer.param_groups[0]
     with torch.no_grad():
-        adam(plist, [p.grad for p in plist], [s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state], [],
-             [s["step"] for s in state], foreach=False, capturable=group["capturable"], amsgrad=False,
-             beta1=group["betas"][0], beta2=group["betas"][1], lr=lr, weight_decay=0.0, eps=group["eps"], maximize=False)
+        adam(
+            plist,
+            [p.grad for p in plist],
+            [s["exp_avg"] for s in state],
+            [s["exp_avg_sq"] for s in state],
+            [],
+            [s["step"] for s in state],
+            foreach=False,
+            capturable=group["capturable"],
+            amsgrad=False,
+            beta1=group["betas"][0],
+            beta2=group["betas"][1],
+            lr=lr,
+            weight_decay=0.0,
+            eps=group["eps"],
+            maximize=False,
+        )
     return torch.cat([stats, grad_norm.unsqueeze(0)])
 
 
@@ -402,15 +434,17 @@ def sync_iteration(dist_: Dist, args: Args, advantages, perms, episodes, stop: b
     was asked to stop (all stop together). Returns (mean, std) per minibatch, the mean return, and the stop decision."""
     mb = advantages.flatten()[perms]  # (epochs x minibatches, minibatch size)
     recent = list(episodes.finished)
-    sums = dist_.all_reduce(torch.cat([mb.double().sum(-1), mb.double().square().sum(-1), torch.tensor(
-        [sum(recent), len(recent), float(stop)], dtype=torch.float64, device=mb.device)]))
-    count, n_mb = sums[-2].item(), mb.shape[0]
+    local = torch.tensor([sum(recent), len(recent), float(stop)], dtype=torch.float64, device=mb.device)
+    sums = dist_.all_reduce(torch.cat([mb.double().sum(-1), mb.double().square().sum(-1), local]))
+    count = sums[-2].item()
+    n_mb = mb.shape[0]
     if args.world_size == 1 or not args.global_adv_norm:
-        mean, std = mb.mean(-1), mb.std(-1)
+        mean = mb.mean(-1)
+        std = mb.std(-1)
     else:
         n = mb.shape[1] * args.world_size
         mean = sums[:n_mb] / n
-        std = ((sums[n_mb:2 * n_mb] - n * mean * mean) / (n - 1)).clamp_min(0).sqrt()
+        std = ((sums[n_mb : 2 * n_mb] - n * mean * mean) / (n - 1)).clamp_min(0).sqrt()
     return mean.float(), std.float(), (sums[-3].item() / count if count else None), sums[-1].item() > 0
 
 
@@ -429,272 +463,212 @@ def make_optimizer(agent, lr, capturable: bool):
     return optimizer
 
 
-def make_units(agent, agent_inference, args, dist_, device, compiled: bool):
-    """The training state around `agent` (optimizer, lr) and the units the loop calls, compiled if `compiled`.
-    `agent_inference` becomes the rollout's copy: same storage, plain tensors without requires_grad (tensordict
-    >= 0.14 would otherwise keep its own Parameters, requires_grad and all, and only swap their data)."""
-    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
-    lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
-    optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
-    u = SimpleNamespace(agent=agent, optimizer=optimizer, lr=lr, policy=agent_inference.act,
-                        evaluate=agent_inference.forward, get_value=agent_inference.get_value, gae=gae,
-                        update=functools.partial(update, agent, optimizer, lr, args, dist_))
-    if compiled:
-        # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
-        # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
-        # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
-        opts = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
-        if device.type == "cuda":
-            # on a CPU the policy step stays eager: compiled it is faster alone (29 vs 34 us) but slower in the
-            # rollout, where it and the env evict each other from the caches (93 vs 83 us per env+policy step)
-            u.policy = torch.compile(u.policy, options=opts)
-        u.evaluate, u.get_value = (torch.compile(f, options=opts) for f in (u.evaluate, u.get_value))
-        u.gae = torch.compile(u.gae, fullgraph=True)
-        u.update = torch.compile(u.update, options=opts)
-    return u
-
-
-def add_cudagraphs(u):
-    for name in ("policy", "evaluate", "get_value", "gae", "update"):
-        setattr(u, name, CudaGraphModule(getattr(u, name)))
-
-
-class Episodes:
-    """Episode statistics from the raw rewards: the returns logged are the real, unclipped ones."""
-    def __init__(self, num_envs):
-        self.ret, self.finished = np.zeros(num_envs), deque(maxlen=20)
-
-    def record(self, reward, done):
-        self.ret += reward
-        if done.any():  # rare: most steps cost one numpy add
-            self.finished.extend(self.ret[done].tolist())
-            self.ret[done] = 0
-
-    def state(self):
-        return dict(ret=torch.as_tensor(self.ret), finished=torch.tensor(list(self.finished), dtype=torch.float64))
-
-    def load(self, s):
-        self.ret = s["ret"].numpy()
-        self.finished.extend(s["finished"].tolist())
-
-
-def machine_info(device: torch.device) -> dict:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
-
-
-class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
-    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
-    def __init__(self):
-        self.set = self.iterated = False
-        signal.signal(signal.SIGINT, self.handle)
-        signal.signal(signal.SIGTERM, self.handle)
-
-    def handle(self, signum, frame):
-        if not self.iterated:
-            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
-            os._exit(130)
-        if self.set:
-            raise KeyboardInterrupt
-        self.set = True
-        print("\nstopping after this iteration (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr)
-
-
-def save_checkpoint(path: str, payload: dict):
-    torch.save(payload, path + ".tmp")
-    os.replace(path + ".tmp", path)  # atomic: a crash mid-write never leaves a truncated agent.pt
-
-
-def load_checkpoint(args: Args) -> dict:
-    try:
-        ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
-        saved, writer = ckpt["args"], ckpt.get("script", SCRIPT)  # checkpoints from before the key: this script's
-    except Exception as e:  # a missing, corrupt or foreign file is a user mistake, not a crash
-        fail(f"--resume {args.resume}: " + ("no such file" if isinstance(e, FileNotFoundError) else
-                                            f"not a checkpoint this script wrote ({type(e).__name__})"))
-    if writer != SCRIPT:
-        fail(f"--resume {args.resume} was written by {writer}.py; resume it with that script")
-    for key in ("env_id", "num_envs", "num_steps"):
-        if saved.get(key, getattr(args, key)) != getattr(args, key):
-            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {saved[key]}; pass the same")
-    if ckpt["world_size"] != args.world_size:  # every rank resumes its own envs
-        fail(f"--resume {args.resume} was trained with {ckpt['world_size']} ranks; launch {ckpt['world_size']}")
-    return ckpt
-
-
 def main(args: Args):
     ckpt = check_args(args)
-    dist_ = Dist(args)
-    rank, lead = dist_.rank, dist_.rank == 0  # rank 0 leads: it logs, shows the bar and writes the checkpoint
-    args.batch_size = args.num_envs * args.num_steps  # per rank; the global batch is world_size times this
+    args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // (args.batch_size * args.world_size)
-    log_dir = args.log_dir  # resolved and created by check_args
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.num_threads)
+    device = plumbing.pick_device(args)
+    dist_ = Dist(args, device)
+    rank = dist_.rank
     device = dist_.device
-    if args.cudagraphs and device.type != "cuda":
-        if lead:
-            print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
-        args.cudagraphs = False
     if args.cudagraphs and args.world_size > 1 and dist_.backend != "nccl":
-        fail("--cudagraphs with several ranks needs one GPU per rank (NCCL's all-reduce can be captured in a CUDA "
-             "graph, gloo's cannot); launch at most one rank per GPU or drop --cudagraphs")
+        plumbing.fail(
+            "--cudagraphs with several ranks needs one GPU per rank (NCCL's all-reduce can be captured in a CUDA "
+            "graph, gloo's cannot); launch at most one rank per GPU or drop --cudagraphs"
+        )
 
-    envs = make_envs(args, os.path.join(log_dir, "videos"), rank)
+    envs = make_envs(args, f"{args.log_dir}/videos", rank)
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
     # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed + rank)  # each rank its own stream
-    n_obs, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
+    n_obs = envs.single_observation_space.shape[0]
+    n_actions = envs.single_action_space.n
     agent = Agent(n_obs, n_actions).to(device)
     dist_.broadcast_params(agent)
-    u = make_units(agent, Agent(n_obs, n_actions).to(device), args, dist_, device, args.compile)
+    # the inference copy: the learner's storage as plain tensors without requires_grad (tensordict >= 0.14 would
+    # otherwise keep Parameters of its own, requires_grad and all, and only swap their data)
+    agent_inference = Agent(n_obs, n_actions).to(device)
+    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
+    optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
+    host = args.host_actor and device.type == "cuda"
+    act_device = torch.device("cpu") if host else device
+    acting = host_copy(agent.actor, act_device) if host else agent_inference.actor
+
+    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
+    policy = functools.partial(act, acting)
+    evaluate = agent_inference.forward
+    get_value = agent_inference.get_value
+    compute_gae = gae
+    update_minibatch = functools.partial(update, agent, optimizer, lr, args, dist_)
+    if args.compile:
+        # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
+        # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
+        # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
+        options = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
+        if act_device.type == "cuda":
+            # acting on a CPU (the learner's or the host's) the policy stays eager: compiled it is faster alone (29 vs
+            # 34 us) but slower in the rollout, where it and the env evict each other's caches (93 vs 83 us a step)
+            policy = torch.compile(policy, options=options)
+        evaluate = torch.compile(evaluate, options=options)
+        get_value = torch.compile(get_value, options=options)
+        compute_gae = torch.compile(gae, fullgraph=True)
+        update_minibatch = torch.compile(update_minibatch, options=options)
     if args.cudagraphs:
-        add_cudagraphs(u)
+        if act_device.type == "cuda":  # CUDA graphs capture CUDA work only: a policy acting on the host stays out
+            policy = CudaGraphModule(policy)
+        evaluate = CudaGraphModule(evaluate)
+        get_value = CudaGraphModule(get_value)
+        compute_gae = CudaGraphModule(compute_gae)
+        update_minibatch = CudaGraphModule(update_minibatch)
+
     shape = (args.num_steps, args.num_envs)
-    buf = dict(obs=torch.zeros(shape + (n_obs,), device=device), actions=torch.zeros(shape, dtype=torch.long, device=device),
-               **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")})
+    buf = dict(
+        obs=torch.zeros(shape + (n_obs,), device=device),
+        actions=torch.zeros(shape, dtype=torch.long, device=device),
+        **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")},
+    )
     stats = torch.zeros(args.update_epochs * args.num_minibatches, 6, device=device)
-    episodes = Episodes(args.num_envs)
-    global_step, start_iteration = 0, 1
+    episodes = plumbing.Episodes(args.num_envs)
+    global_step = 0
+    start_iteration = 1
     # reset(seed=s) seeds env i with s + i: rank r's envs continue the numbering, every env of the job its own seed
-    (next_obs, _), next_done = envs.reset(seed=args.seed + rank * args.num_envs), np.zeros(args.num_envs, dtype=bool)
-    if args.resume:
-        u.agent.load_state_dict(ckpt["agent"])
-        u.optimizer.load_state_dict(ckpt["optimizer"])
+    next_obs, _ = envs.reset(seed=args.seed + rank * args.num_envs)
+    next_done = np.zeros(args.num_envs, dtype=bool)
+    if ckpt:
+        agent.load_state_dict(ckpt["agent"])
+        optimizer.load_state_dict(ckpt["optimizer"])
         ckpt.update(ckpt["ranks"][rank])  # this rank's own envs, RNG and episodes
         rng.set_state(ckpt["rng"])
         set_env_state(envs, ckpt["env"])
-        next_obs, next_done = ckpt["next_obs"].numpy(), ckpt["next_done"].numpy()
+        next_obs = ckpt["next_obs"].numpy()
+        next_done = ckpt["next_done"].numpy()
         episodes.load(ckpt["episodes"])
-        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
+        global_step = ckpt["global_step"]
+        start_iteration = ckpt["iteration"] + 1
 
-    def checkpoint(iteration):
-        # the parameters and optimizer are the same everywhere; the envs, RNG and episodes are each rank's own
-        ranks = dist_.all_gather_object(dict(
-            rng=rng.get_state(), env=env_state(envs), next_obs=torch.from_numpy(next_obs),
-            next_done=torch.from_numpy(next_done), episodes=episodes.state()))
-        if lead:
-            save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-                script=SCRIPT, agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args),
-                iteration=iteration, global_step=global_step, world_size=args.world_size, ranks=ranks))
-
-    run = None
-    if args.track and lead:
-        import wandb
-        run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
-                         name=os.path.basename(log_dir), dir=log_dir, save_code=True)
-    metrics = open(os.path.join(log_dir, "metrics.jsonl") if lead else os.devnull, "a", buffering=1)
-    stop = StopFlag()
     global_batch = args.batch_size * args.world_size
-    bar = tqdm.tqdm(total=args.num_iterations * global_batch, initial=global_step, unit="step", dynamic_ncols=True,
-                    disable=not lead)
-    iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
-    stop_all, mean_return = False, None
-    if args.compile and lead:  # the first iteration compiles: say so, or a first run looks stuck
-        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
-                  "from Inductor's on-disk cache)", file=sys.stderr)
-        bar.set_description("compiling")
-    try:
+    run = plumbing.Run(args, SCRIPT, device, args.num_iterations * global_batch, global_step, lead=rank == 0)
+    iteration = start_iteration - 1
+    mean_return = None
+    stop_all = False
+    with run:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             dist_.t_sync = 0.0
             if args.anneal_lr:
-                u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
-            next_obs, next_done, t_env, t_policy = rollout(envs, u.policy, next_obs, next_done, buf, episodes,
-                                                           n_actions, rng)
+                lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
+            if host:  # the acting copy takes the last updates' (or the resumed checkpoint's) parameters
+                refresh(acting, agent.actor)
+            next_obs, next_done, t_env, t_policy = rollout(
+                envs, policy, act_device, next_obs, next_done, buf, episodes, n_actions, rng
+            )
             global_step += global_batch
             t_rollout = time.perf_counter() - t_iter
+
             t0 = time.perf_counter()
-            last_obs, last_done = torch.from_numpy(next_obs).to(device), torch.from_numpy(next_done).to(device).float()
-            logprobs, _, values = u.evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
+            last_obs = torch.from_numpy(next_obs).to(device)
+            last_done = torch.from_numpy(next_done).to(device).float()
+            logprobs, _, values = evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
             buf["logprobs"].copy_(logprobs)
             buf["values"].copy_(values)
-            advantages, returns = u.gae(u.get_value(last_obs), last_done, buf["rewards"], buf["dones"], buf["values"],
-                                         args.gamma, args.gae_lambda)
+            advantages, returns = compute_gae(
+                get_value(last_obs), last_done, buf["rewards"], buf["dones"], buf["values"], args.gamma, args.gae_lambda
+            )
             t_gae = time.perf_counter() - t0
+
             t0 = time.perf_counter()
-            batch = [x.flatten(0, 1) for x in
-                     (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])]
+            batch = [
+                x.flatten(0, 1)
+                for x in (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])
+            ]
             # every epoch's minibatches drawn up front, so that one all-reduce carries all their advantage moments
-            perms = torch.stack([torch.randperm(args.batch_size, device=device, generator=rng)
-                                 for _ in range(args.update_epochs)]).view(-1, args.minibatch_size)
-            adv_mean, adv_std, mean_return, stop_all = sync_iteration(dist_, args, advantages, perms, episodes, stop.set)
+            perms = torch.stack(
+                [torch.randperm(args.batch_size, device=device, generator=rng) for _ in range(args.update_epochs)]
+            ).view(-1, args.minibatch_size)
+            adv_mean, adv_std, mean_return, stop_all = sync_iteration(
+                dist_, args, advantages, perms, episodes, run.stopping
+            )
             n = 0
-            for epoch in range(args.update_epochs):
+            for _epoch in range(args.update_epochs):
                 for _ in range(args.num_minibatches):
-                    stats[n] = u.update(*batch, perms[n], adv_mean[n], adv_std[n])
+                    stats[n] = update_minibatch(*batch, perms[n], adv_mean[n], adv_std[n])
                     n += 1
                 # a host sync, only when asked; the ranks' mean KL, so that all agree
-                if (args.target_kl is not None
-                        and dist_.all_reduce(stats[n - 1, 0].clone()) / args.world_size > args.target_kl):
+                kl = stats[n - 1, 0]
+                if args.target_kl is not None and dist_.all_reduce(kl.clone()) / args.world_size > args.target_kl:
                     break
             t_update = time.perf_counter() - t0
-            # steady-state fps: whole iterations after the burn-in
-            now = time.perf_counter()
-            iter_times.append(now - t_iter)
-            if iteration - start_iteration + 1 == args.measure_burnin:
-                measure_from = (now, global_step)
-            if measure_from and global_step > measure_from[1]:
-                fps = (global_step - measure_from[1]) / (now - measure_from[0])
-            # episodic_return: all ranks' recent episodes; the losses are rank 0's (its minibatches, same parameters)
-            row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
-                       episodic_return=mean_return, t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
-                       t_gae=t_gae, t_update=t_update, t_sync=dist_.t_sync, world_size=args.world_size, lr=u.lr.item(),
-                       **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"),
-                                  stats[:n].mean(0).tolist())))  # the one host sync of the iteration
-            metrics.write(json.dumps(row) + "\n")
-            if run:
-                run.log(row, step=global_step)
-            bar.update(global_batch)
-            bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
+
+            losses = stats[:n].mean(0).tolist()  # the one host sync of the iteration
+            run.log(
+                global_step,
+                steady=iteration - start_iteration + 1 >= args.measure_burnin,
+                iteration=iteration,
+                episodic_return=mean_return,  # all ranks' recent episodes; the losses are rank 0's
+                t_rollout=t_rollout,
+                t_env=t_env,
+                t_policy=t_policy,
+                t_gae=t_gae,
+                t_update=t_update,
+                t_sync=dist_.t_sync,
+                world_size=args.world_size,
+                lr=lr.item(),
+                **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"), losses)),
+            )
             if args.compile and iteration == start_iteration:
                 # every unit has compiled and nothing its guards check can change any more: stop checking them
                 # (~40 us of a ~330 us update, ~10 us of a policy step)
                 torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-                bar.set_description("")
-            stop.iterated = True
+                run.compiled()
             if stop_all:  # some rank was asked to stop: all stop after the same iteration
                 break
-    except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
-        stop.set = forced = True
-    finally:
-        torch.compiler.set_stance("default")
-        bar.close()
-        metrics.close()
-        envs.close()
-    if args.save_model and not forced and iteration >= start_iteration:
-        checkpoint(iteration)
-    stop.set, digests = stop.set or stop_all, [params_digest(u.agent)]
-    if not forced:  # after a forced stop the ranks may be anywhere: no further collective (rank 0's logs are kept)
+    torch.compiler.set_stance("default")
+    envs.close()
+    if args.save_model and run.consistent and iteration >= start_iteration:
+        # the parameters and optimizer are the same everywhere; the envs, RNG and episodes are each rank's own
+        ranks = dist_.all_gather_object(
+            dict(
+                rng=rng.get_state(),
+                env=env_state(envs),
+                next_obs=torch.from_numpy(next_obs),
+                next_done=torch.from_numpy(next_done),
+                episodes=episodes.state(),
+            )
+        )
+        if rank == 0:
+            plumbing.save_checkpoint(
+                f"{args.log_dir}/agent.pt",
+                SCRIPT,
+                args,
+                agent=agent.state_dict(),
+                optimizer=optimizer.state_dict(),
+                iteration=iteration,
+                global_step=global_step,
+                world_size=args.world_size,
+                ranks=ranks,
+            )
+    digests = [params_digest(agent)]
+    if run.consistent:  # after a forced stop the ranks may be anywhere: no further collective (rank 0's logs are kept)
         digests = dist_.all_gather_object(digests[0])
         dist_.close()
-    if not lead:  # rank 0 reports the run and its exit code (a non-zero one here: torchrun would tear rank 0 down)
-        sys.exit(0)
-
-    steady = iter_times[args.measure_burnin:]
-    summary = dict(script=SCRIPT, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
-                   num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
-                   wall_time=time.perf_counter() - start, fps=fps if measure_from else None, final_return=mean_return,
-                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   interrupted=stop.set, world_size=args.world_size, backend=dist_.backend,
-                   rank_param_digests=digests)
-    with open(os.path.join(log_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    if run:
-        run.summary.update(summary)
-        run.finish()
-    print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
-          f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
-    if stop.set:
-        sys.exit(130)
+    if rank != 0:  # rank 0 reports the run and its exit code (a non-zero one here: torchrun would tear rank 0 down)
+        return
+    run.stop.set = run.stopping or stop_all  # a stop asked of any rank stopped them all
+    run.finish(
+        global_step,
+        mean_return,
+        run.compile_time() if args.compile else None,
+        world_size=args.world_size,
+        backend=dist_.backend,
+        rank_param_digests=digests,
+    )
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    main(plumbing.parse_args(Args))

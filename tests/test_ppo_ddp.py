@@ -17,8 +17,24 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import (PPO_ROW_FIELDS, PPO_SUMMARY_FIELDS, ROOT, SMOKE, Child, assert_rejected, assert_user_error,
-                      load_script, read_metrics, read_metrics_so_far, read_summary, run_command, run_ids, run_script)
+
+import plumbing
+from conftest import (
+    PPO_ROW_FIELDS,
+    PPO_SUMMARY_FIELDS,
+    ROOT,
+    SMOKE,
+    Child,
+    assert_rejected,
+    assert_user_error,
+    load_script,
+    read_metrics,
+    read_metrics_so_far,
+    read_summary,
+    run_command,
+    run_ids,
+    run_script,
+)
 
 ROW_FIELDS = PPO_ROW_FIELDS | {"world_size", "t_sync"}
 SUMMARY_FIELDS = PPO_SUMMARY_FIELDS | {"world_size"}
@@ -33,9 +49,23 @@ def free_port() -> int:
 
 def torchrun(script, nproc, *flags, log_dir) -> Child:
     """Start `torchrun --nproc-per-node nproc leanrl/<script>` on a free port."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-           "127.0.0.1", "--master-port", str(free_port()), str(ROOT / "leanrl" / script), "--log-dir", str(log_dir),
-           "--num-threads", "1", *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(ROOT / "leanrl" / script),
+        "--log-dir",
+        str(log_dir),
+        "--num-threads",
+        "1",
+        *flags,
+    ]
     return Child(cmd, log_dir)
 
 
@@ -99,8 +129,14 @@ T, N, MB = 16, 4, 16  # steps, envs in all, minibatch rows per rank (of 2)
 def fixed_data():
     """One rollout of 4 envs: (obs, actions, logprobs, advantages, returns, values), each (T, N, ...)."""
     g = torch.Generator().manual_seed(3)
-    return [torch.randn(T, N, 4, generator=g), torch.randint(0, 2, (T, N), generator=g), -torch.rand(T, N, generator=g),
-            3 * torch.randn(T, N, generator=g) + 1, torch.randn(T, N, generator=g), torch.randn(T, N, generator=g)]
+    return [
+        torch.randn(T, N, 4, generator=g),
+        torch.randint(0, 2, (T, N), generator=g),
+        -torch.rand(T, N, generator=g),
+        3 * torch.randn(T, N, generator=g) + 1,
+        torch.randn(T, N, generator=g),
+        torch.randn(T, N, generator=g),
+    ]
 
 
 def rank_rows(rank):
@@ -113,7 +149,7 @@ def rank_rows(rank):
 def run_updates(dd, rank, data, rows, global_adv_norm, n_envs):
     """Two update steps of the script's own units on `data` (this rank's envs) with minibatch `rows`."""
     args = dd.Args(global_adv_norm=global_adv_norm)
-    dist_ = dd.Dist(args)
+    dist_ = dd.Dist(args, torch.device("cpu"))
     args.world_size = dist_.world_size
     torch.manual_seed(rank)  # different initial parameters per rank: the broadcast must make them equal
     agent = dd.Agent(4, 2)
@@ -122,7 +158,7 @@ def run_updates(dd, rank, data, rows, global_adv_norm, n_envs):
     optimizer = dd.make_optimizer(agent, lr, capturable=False)
     obs, actions, logprobs, advantages, returns, values = data
     perms = rows.view(1, -1)
-    mean, std, _, _ = dd.sync_iteration(dist_, args, advantages, perms, dd.Episodes(n_envs), False)
+    mean, std, _, _ = dd.sync_iteration(dist_, args, advantages, perms, plumbing.Episodes(n_envs), False)
     batch = [x.flatten(0, 1) for x in (obs, actions, logprobs, advantages, returns, values)]
     for _ in range(2):
         dd.update(agent, optimizer, lr, args, dist_, *batch, perms[0], mean[0], std[0])
@@ -131,11 +167,17 @@ def run_updates(dd, rank, data, rows, global_adv_norm, n_envs):
 
 
 def rank_worker(rank, port, global_adv_norm, out):
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(1)
     dd = load_script("ppo_ddp_torchcompile")
-    data = [x[:, 2 * rank:2 * rank + 2] for x in fixed_data()]
+    data = [x[:, 2 * rank : 2 * rank + 2] for x in fixed_data()]
     params, moments = run_updates(dd, rank, data, rank_rows(rank)[0], global_adv_norm, 2)
     torch.save(dict(params=params, moments=moments), f"{out}/rank{rank}.pt")
 
@@ -198,16 +240,28 @@ def gone(pid: int) -> bool:
         return True
 
 
-@pytest.mark.parametrize("sig,words", [(signal.SIGKILL, ("closed", "reset")), (signal.SIGSTOP, ("timed out",))],
-                         ids=["killed", "hung"])
+@pytest.mark.parametrize(
+    "sig,words", [(signal.SIGKILL, ("closed", "reset")), (signal.SIGSTOP, ("timed out",))], ids=["killed", "hung"]
+)
 def test_lost_rank_stops_the_job(sig, words, tmp_path):
     """A rank killed (its socket closes) or hung (SIGSTOP: silent) mid-run: the other stops with one clear line
     within --dist-timeout, and the job exits non-zero. (torchrun itself gives a hung rank 30 s after the other
     failed before it SIGKILLs it; the test kills the hung rank itself once rank 0 is gone, to spare that wait.)"""
     timeout = 5
     log_dir = tmp_path / "run"
-    proc = torchrun(CLASSIC, 2, "--num-envs", "2", "--num-steps", "32", "--total-timesteps", "100000000",
-                    "--dist-timeout", str(timeout), log_dir=log_dir)
+    proc = torchrun(
+        CLASSIC,
+        2,
+        "--num-envs",
+        "2",
+        "--num-steps",
+        "32",
+        "--total-timesteps",
+        "100000000",
+        "--dist-timeout",
+        str(timeout),
+        log_dir=log_dir,
+    )
     proc.wait_until(lambda: len(read_metrics_so_far(log_dir)) >= 2, 120, "2 iterations in metrics.jsonl")
     ranks = [child_pid(proc.pid, r) for r in (0, 1)]
     t0 = time.time()
@@ -230,9 +284,25 @@ BENCH_SCALING = ROOT / "leanrl" / "tools" / "bench_scaling.py"
 
 def test_bench_scaling_tiny(tmp_path):
     out = tmp_path / "bench"
-    cmd = [sys.executable, str(BENCH_SCALING), "--scaling", "strong", "--max-world-size", "2",
-           "--num-envs", "2", "--num-steps", "32", "--total-timesteps", "768", "--measure-burnin", "1", "--no-compile",
-           "--out-dir", str(out)]
+    cmd = [
+        sys.executable,
+        str(BENCH_SCALING),
+        "--scaling",
+        "strong",
+        "--max-world-size",
+        "2",
+        "--num-envs",
+        "2",
+        "--num-steps",
+        "32",
+        "--total-timesteps",
+        "768",
+        "--measure-burnin",
+        "1",
+        "--no-compile",
+        "--out-dir",
+        str(out),
+    ]
     run_command(cmd, tmp_path / "bench_scaling", timeout=300, check=True)
     rows = json.loads((out / "scaling_strong.json").read_text())["rows"]
     assert [r["world_size"] for r in rows] == [1, 2]
@@ -271,8 +341,11 @@ BENCH_BAD = [
 
 @pytest.mark.parametrize("flags,words", BENCH_BAD, ids=[" ".join(f) for f, _ in BENCH_BAD])
 def test_bench_scaling_bad_input(flags, words, tmp_path):
-    proc = run_command([sys.executable, BENCH_SCALING, *flags, "--out-dir", tmp_path / "out"],
-                       tmp_path / "bench_scaling", timeout=120)
+    proc = run_command(
+        [sys.executable, BENCH_SCALING, *flags, "--out-dir", tmp_path / "out"],
+        tmp_path / "bench_scaling",
+        timeout=120,
+    )
     assert_user_error(proc, *words)
     assert not (tmp_path / "out").exists()
 
