@@ -138,11 +138,11 @@ def check_env_id(env_id: str, family: str, algo: str):
     fail(f"--env-id {env_id} is {FAMILIES[found]['name']}; {where} ({takes})")
 
 
-def check_run(args, script: str, same: tuple = ("env_id",), video: bool = False) -> Optional[dict]:
+def check_run(args, script: str, same: tuple = ("env_id",), video: bool = False, lead: bool = True) -> Optional[dict]:
     """The flags every script shares, after its own: seed, threads and burn-in ranges, `--capture-video` (`video`:
     whether the script can record), `--resume` (a checkpoint of this script, trained with the same `same` flags) and,
-    last so that a bad flag never leaves a folder behind, `--log-dir` (default resolved into args, created, writable).
-    Returns the checkpoint to resume from, if any."""
+    last so that a bad flag never leaves a folder behind, `--log-dir` (default resolved into args, created, writable;
+    only by the process that writes there: `lead`). Returns the checkpoint to resume from, if any."""
     require(args, lambda v: 0 <= v < 2**31, "in [0, 2**31)", "seed")
     positive(args, "num_threads")
     require(args, lambda v: v >= 0, "non-negative", "measure_burnin")
@@ -152,6 +152,8 @@ def check_run(args, script: str, same: tuple = ("env_id",), video: bool = False)
         fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
     ckpt = load_checkpoint(args, script, same) if args.resume else None
     args.log_dir = args.log_dir or f"runs/{args.env_id.replace('/', '-')}__{script}__{args.seed}__{int(time.time())}"
+    if not lead:
+        return ckpt
     try:
         os.makedirs(args.log_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=args.log_dir).close()

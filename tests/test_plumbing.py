@@ -147,6 +147,12 @@ def test_check_run_refuses_bad_shared_flags(args, words, capsys):
         assert word in line, line
 
 
+def test_only_the_lead_process_creates_the_log_dir(tmp_path):
+    args = Args(log_dir=str(tmp_path / "run"))
+    plumbing.check_run(args, "some_script", lead=False)
+    assert args.log_dir == str(tmp_path / "run") and not (tmp_path / "run").exists()
+
+
 def test_a_refused_flag_leaves_no_folder_behind(tmp_path, capsys):
     log_dir = tmp_path / "run"
     refused(capsys, plumbing.check_run, Args(num_threads=0, log_dir=str(log_dir)), "some_script")
