@@ -7,32 +7,25 @@ loops, one autograd step per minibatch. It is the yardstick `ppo_atari_envpool_t
     python leanrl/ppo_atari_envpool.py --compile        # the same code under a naive torch.compile of the agent
 """
 
-import contextlib
-import io
-import json
-import math
-import os
-import platform
-import signal
-import sys
-import tempfile
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Optional
 
 import envpool
 import numpy as np
 import torch
 import torch.nn as nn
-import tqdm
-import tyro
 from torch.distributions.categorical import Categorical
+
+import plumbing
+
+SCRIPT = plumbing.script_name(__file__)
 
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    exp_name: str = SCRIPT
     """the name of this experiment"""
     seed: int = 1
     """seed of the experiment"""
@@ -95,110 +88,70 @@ class Args:
     save_model: bool = False
     """if toggled, save the agent and optimizer to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
     resume: Optional[str] = None
-    """path of an agent.pt written by --save-model: continue that run (the games restart, see load_checkpoint)"""
+    """path of an agent.pt written by --save-model: continue that run (the games restart: envpool cannot snapshot
+    its emulators, so a resumed run plays fresh games, seeded anew, and loses the games that were in flight)"""
     num_threads: int = 2
     """torch intra-op threads (2 measures fastest on a 2-core CPU: the update's convolutions dominate)"""
 
 
-def fail(message: str):
-    """A user mistake: one line on stderr, exit code 2, no traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def parse_args() -> Args:
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            return tyro.cli(Args)
-    except SystemExit as e:
-        if e.code:  # tyro draws a multi-line box: fold it into the one line a user mistake gets
-            lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
-            fail(" ".join(ln for ln in lines[1:] if ln and not ln.startswith("For full helptext")))
-        raise
-
-
-def check_env_id(env_id: str):
-    family = envpool.registration.registry.specs.get(env_id, ("",))[0]
-    if "atari" in family:
-        return
-    if "classic_control" in family:
-        fail(f"--env-id {env_id} is a classic-control task; use leanrl/ppo.py")
-    if "mujoco" in family:
-        fail(f"--env-id {env_id} is a MuJoCo task; this script takes Atari games (no continuous control in leanrl yet)")
-    fail(f"--env-id {env_id}: unknown env id; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
-
-
 def check_args(args: Args) -> Optional[dict]:
-    """Every flag against its meaning, before any work: a user mistake ends the run here with one line. Returns the
-    checkpoint to resume from, if any."""
-    def need(ok: bool, name: str, what: str):
-        if not ok:
-            fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
-        need(getattr(args, name) > 0, name, "positive")
-    for name in ("learning_rate", "clip_coef", "max_grad_norm"):
-        need(0 < getattr(args, name) < math.inf, name, "positive and finite")
-    for name in ("ent_coef", "vf_coef"):
-        need(0 <= getattr(args, name) < math.inf, name, "non-negative and finite")
-    for name in ("gamma", "gae_lambda"):
-        need(0 < getattr(args, name) <= 1, name, "in (0, 1]")
-    need(0 <= args.seed < 2**31, "seed", "in [0, 2**31)")
-    need(args.measure_burnin >= 0, "measure_burnin", "non-negative")
-    need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
+    """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    plumbing.positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    plumbing.positive_finite(args, "learning_rate", "clip_coef", "max_grad_norm", "target_kl")
+    plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
+    plumbing.unit_interval(args, "gamma", "gae_lambda")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
-             f"(num_envs x num_steps); pick a divisor of {batch_size}")
+        plumbing.fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
+            f"(num_envs x num_steps); pick a divisor of {batch_size}"
+        )
     if args.total_timesteps < batch_size:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
-    if args.capture_video:
-        fail("--capture-video is not supported: envpool renders no frames")
-    check_env_id(args.env_id)
-    ckpt = load_checkpoint(args) if args.resume else None
-    check_log_dir(args)
-    return ckpt
-
-
-def check_log_dir(args: Args):
-    """The last check (a bad flag never creates a folder): the default log dir resolved, created and written to."""
-    script = os.path.basename(__file__)[: -len(".py")]
-    args.log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
-    try:
-        os.makedirs(args.log_dir, exist_ok=True)
-        tempfile.TemporaryFile(dir=args.log_dir).close()
-    except OSError as e:
-        fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
+        plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
+    if args.cudagraphs and args.cuda and torch.cuda.is_available():
+        plumbing.fail(
+            "ppo_atari_envpool.py is the eager baseline; --cudagraphs needs the units of "
+            "leanrl/ppo_atari_envpool_torchcompile.py"
+        )
+    plumbing.check_env_id(args.env_id, "atari", "ppo")
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"))
 
 
 def make_envs(args: Args, seed: int):
     # CleanRL's settings: 84x84 grey frames, 4 stacked, frameskip 4; a lost life ends the (training) episode and
     # rewards are clipped to their sign. The real game score comes back unclipped in info["reward"].
-    return envpool.make(args.env_id, env_type="gym", num_envs=args.num_envs, episodic_life=True, reward_clip=True,
-                        seed=seed)
+    return envpool.make(
+        args.env_id, env_type="gym", num_envs=args.num_envs, episodic_life=True, reward_clip=True, seed=seed
+    )
 
 
-class EpisodeStats:
-    """The full game's unclipped score: info["reward"] summed until info["terminated"] (all lives lost) or the time
-    limit. The 5-tuple's `terminated` is per life under episodic_life and its reward is clipped, so neither is used."""
+class EpisodeStats(plumbing.Episodes):
+    """The full game's unclipped score, and its length: info["reward"] summed until info["terminated"] (all lives
+    lost) or the time limit. The 5-tuple's `terminated` is per life under episodic_life and its reward is clipped, so
+    neither is used."""
 
     def __init__(self, num_envs: int, window: int = 20):
-        self.score = np.zeros(num_envs)
-        self.returns, self.lengths = deque(maxlen=window), deque(maxlen=window)
+        super().__init__(num_envs, window)
+        self.lengths = deque(maxlen=window)
 
     def step(self, info: dict, truncated: np.ndarray):
-        ids = info["env_id"]
-        self.score[ids] += info["reward"]
         over = np.logical_or(info["terminated"], truncated)
-        self.returns.extend(self.score[ids[over]].tolist())
+        self.record(info["reward"], over, info["env_id"])
         self.lengths.extend(info["elapsed_step"][over].tolist())
-        self.score[ids[over]] = 0.0
 
-    def mean_return(self):
-        return float(np.mean(self.returns)) if self.returns else None
-
-    def mean_length(self):
+    def mean_length(self) -> Optional[float]:
         return float(np.mean(self.lengths)) if self.lengths else None
+
+    def state(self) -> dict:
+        # the finished games only: a resumed run restarts its games, so the scores in flight are lost
+        return dict(
+            returns=torch.tensor(list(self.finished), dtype=torch.float64),
+            lengths=torch.tensor(list(self.lengths), dtype=torch.float64),
+        )
+
+    def load(self, state: dict):
+        self.finished.extend(state["returns"].tolist())
+        self.lengths.extend(state["lengths"].tolist())
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -238,81 +191,28 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)
 
 
-def machine_info(device: torch.device) -> dict:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
-
-
-class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once."""
-
-    def __init__(self):
-        self.set = False
-        signal.signal(signal.SIGINT, self.handle)
-        signal.signal(signal.SIGTERM, self.handle)
-
-    def handle(self, signum, frame):
-        if self.set:
-            raise KeyboardInterrupt
-        self.set = True
-        print("\nstopping after this iteration (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr)
-
-
-def save_checkpoint(path: str, payload: dict):
-    tmp = path + ".tmp"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)  # atomic: a crash mid-write never leaves a truncated agent.pt
-
-
-def load_checkpoint(args: Args) -> dict:
-    """Agent, optimizer, RNGs, iteration and step count. envpool cannot snapshot the emulators, so a resumed run
-    restarts its games (with a fresh seed) and loses the games that were in flight."""
-    if not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
-    try:
-        ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
-        assert isinstance(ckpt, dict) and "args" in ckpt
-    except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
-        fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
-    script = os.path.basename(__file__)[: -len(".py")]
-    if ckpt.get("script", script) != script:  # checkpoints from before the key go on to the args checks
-        fail(f"--resume {args.resume} was written by {ckpt['script']}.py; resume it with that script")
-    for key in ("env_id", "num_envs", "num_steps"):
-        if ckpt["args"].get(key) != getattr(args, key):
-            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
-    return ckpt
-
-
 def main(args: Args):
     ckpt = check_args(args)
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    script, log_dir = os.path.basename(__file__)[: -len(".py")], args.log_dir
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.num_threads)
     rng = np.random.default_rng(args.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if args.cudagraphs and device.type != "cuda":
-        print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
-    elif args.cudagraphs:
-        fail("ppo_atari_envpool.py is the eager baseline; --cudagraphs needs the units of "
-             "leanrl/ppo_atari_envpool_torchcompile.py")
+    device = plumbing.pick_device(args)
 
     envs = make_envs(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
-    obs_shape, n_actions = envs.observation_space.shape, envs.action_space.n
+    obs_shape = envs.observation_space.shape
+    n_actions = envs.action_space.n
     agent = Agent(n_actions).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    get_action_and_value, get_value = agent.get_action_and_value, agent.get_value
+    get_action_and_value = agent.get_action_and_value
+    get_value = agent.get_value
     if args.compile:
-        get_action_and_value, get_value = torch.compile(get_action_and_value), torch.compile(get_value)
+        get_action_and_value = torch.compile(get_action_and_value)
+        get_value = torch.compile(get_value)
 
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape).to(device)
     actions = torch.zeros((args.num_steps, args.num_envs)).to(device)
@@ -321,46 +221,32 @@ def main(args: Args):
     dones = torch.zeros((args.num_steps, args.num_envs)).to(device)
     values = torch.zeros((args.num_steps, args.num_envs)).to(device)
 
-    stats = EpisodeStats(args.num_envs)
-    global_step, start_iteration = 0, 1
+    episodes = EpisodeStats(args.num_envs)
+    global_step = 0
+    start_iteration = 1
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
         torch.set_rng_state(ckpt["torch_rng"])
         rng.bit_generator.state = ckpt["np_rng"]
-        stats.returns.extend(ckpt["returns"].tolist())
-        stats.lengths.extend(ckpt["lengths"].tolist())
-        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
+        episodes.load(ckpt)
+        global_step = ckpt["global_step"]
+        start_iteration = ckpt["iteration"] + 1
     next_obs, _ = envs.reset()
     next_obs = torch.Tensor(next_obs).to(device)
     next_done = torch.zeros(args.num_envs).to(device)
 
-    def checkpoint(iteration):
-        save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            script=script, agent=agent.state_dict(), optimizer=optimizer.state_dict(), args=asdict(args),
-            iteration=iteration,
-            global_step=global_step, torch_rng=torch.get_rng_state(), np_rng=rng.bit_generator.state,
-            returns=torch.tensor(list(stats.returns), dtype=torch.float64),
-            lengths=torch.tensor(list(stats.lengths), dtype=torch.float64)))
-
-    run = None
-    if args.track:
-        import wandb
-
-        run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
-                         name=os.path.basename(log_dir), dir=log_dir, save_code=True)
-    metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
-    stop = StopFlag()
-    bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
-    iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
-    try:
+    run = plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step)
+    iteration = start_iteration - 1
+    with run:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
-            t_env = t_policy = 0.0
+            t_env = 0.0
+            t_policy = 0.0
             for step in range(0, args.num_steps):
                 global_step += args.num_envs
                 obs[step] = next_obs
@@ -378,8 +264,9 @@ def main(args: Args):
                 t_policy += t1 - t0
                 next_done = np.logical_or(terminations, truncations)
                 rewards[step] = torch.tensor(reward).to(device).view(-1)
-                stats.step(info, truncations)
-                next_obs, next_done = torch.Tensor(next_obs).to(device), torch.Tensor(next_done).to(device)
+                episodes.step(info, truncations)
+                next_obs = torch.Tensor(next_obs).to(device)
+                next_done = torch.Tensor(next_done).to(device)
             t_rollout = time.perf_counter() - t_iter
 
             # bootstrap value if not done
@@ -412,10 +299,10 @@ def main(args: Args):
             # Optimizing the policy and value network
             b_inds = np.arange(args.batch_size)
             losses = []
-            for epoch in range(args.update_epochs):
+            for _epoch in range(args.update_epochs):
                 rng.shuffle(b_inds)
                 for start_mb in range(0, args.batch_size, args.minibatch_size):
-                    mb_inds = b_inds[start_mb:start_mb + args.minibatch_size]
+                    mb_inds = b_inds[start_mb : start_mb + args.minibatch_size]
 
                     _, newlogprob, entropy, newvalue = get_action_and_value(b_obs[mb_inds], b_actions.long()[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]
@@ -440,7 +327,10 @@ def main(args: Args):
                     if args.clip_vloss:
                         v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
                         v_clipped = b_values[mb_inds] + torch.clamp(
-                            newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef)
+                            newvalue - b_values[mb_inds],
+                            -args.clip_coef,
+                            args.clip_coef,
+                        )
                         v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
                         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
                     else:
@@ -453,58 +343,48 @@ def main(args: Args):
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     optimizer.step()
-                    losses.append([approx_kl.item(), clipfrac.item(), pg_loss.item(), v_loss.item(), entropy_loss.item()])
+                    losses.append(
+                        [approx_kl.item(), clipfrac.item(), pg_loss.item(), v_loss.item(), entropy_loss.item()]
+                    )
 
                 if args.target_kl is not None and approx_kl > args.target_kl:
                     break
             t_update = time.perf_counter() - t0
 
-            # steady-state fps: whole iterations after the burn-in
-            now = time.perf_counter()
-            iter_times.append(now - t_iter)
-            if iteration - start_iteration + 1 == args.measure_burnin:
-                measure_from = (now, global_step)
-            fps = None
-            if measure_from and global_step > measure_from[1]:
-                fps = (global_step - measure_from[1]) / (now - measure_from[0])
-            row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
-                       episodic_return=stats.mean_return(), episodic_length=stats.mean_length(),
-                       t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
-                       t_gae=t_gae, t_update=t_update, lr=optimizer.param_groups[0]["lr"],
-                       **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy"), np.mean(losses, 0).tolist())))
-            metrics.write(json.dumps(row) + "\n")
-            if run:
-                run.log(row, step=global_step)
-            bar.update(args.batch_size)
-            bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if stop.set:
+            run.log(
+                global_step,
+                steady=iteration - start_iteration + 1 >= args.measure_burnin,
+                iteration=iteration,
+                episodic_return=episodes.mean(),
+                episodic_length=episodes.mean_length(),
+                t_rollout=t_rollout,
+                t_env=t_env,
+                t_policy=t_policy,
+                t_gae=t_gae,
+                t_update=t_update,
+                lr=optimizer.param_groups[0]["lr"],
+                **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy"), np.mean(losses, 0).tolist())),
+            )
+            if args.compile and iteration == start_iteration:
+                run.compiled()
+            if run.stopping:
                 break
-    except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
-        stop.set = forced = True
-    finally:
-        bar.close()
-        metrics.close()
-        envs.close()
-    if args.save_model and not forced and iteration >= start_iteration:
-        checkpoint(iteration)
-
-    steady = iter_times[args.measure_burnin:]
-    summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
-                   num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
-                   wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
-                   final_return=stats.mean_return(),
-                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   interrupted=stop.set)
-    with open(os.path.join(log_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    if run:
-        run.summary.update(summary)
-        run.finish()
-    print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
-          f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
-    if stop.set:
-        sys.exit(130)
+    envs.close()
+    if args.save_model and run.consistent and iteration >= start_iteration:
+        plumbing.save_checkpoint(
+            f"{args.log_dir}/agent.pt",
+            SCRIPT,
+            args,
+            agent=agent.state_dict(),
+            optimizer=optimizer.state_dict(),
+            iteration=iteration,
+            global_step=global_step,
+            torch_rng=torch.get_rng_state(),
+            np_rng=rng.bit_generator.state,
+            **episodes.state(),
+        )
+    run.finish(global_step, episodes.mean(), run.compile_time() if args.compile else None)
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    main(plumbing.parse_args(Args))

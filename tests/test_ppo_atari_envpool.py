@@ -5,6 +5,7 @@ runs are shared by the assertions through module-scoped fixtures.
 """
 
 import copy
+from functools import partial
 from operator import attrgetter
 
 import envpool
@@ -13,14 +14,24 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from conftest import (SMOKE, assert_user_error, check_ppo_smoke_logs, load_script, resume_ppo_smoke, run_ids,
-                      run_script, script_fixture, smoke_fixture)
+from conftest import (
+    SMOKE,
+    assert_user_error,
+    check_ppo_smoke_logs,
+    load_script,
+    resume_ppo_smoke,
+    run_ids,
+    run_script,
+    script_fixture,
+    smoke_fixture,
+)
 
 SCRIPTS = ("ppo_atari_envpool.py", "ppo_atari_envpool_torchcompile.py")
 # (script, extra flags): plain with --cudagraphs (ignored on CPU) and --save-model, then --compile; and the main loop on
 # two env pools (off by default on a CPU), 2 envs x 32 steps for the same 64 steps an iteration
 RUNS = [(s, flags) for s in SCRIPTS for flags in (("--cudagraphs", "--save-model"), ("--compile",))] + [
-    ("ppo_atari_envpool_torchcompile.py", ("--split-envs", "--num-envs", "2", "--num-steps", "32"))]
+    ("ppo_atari_envpool_torchcompile.py", ("--split-envs", "--num-envs", "2", "--num-steps", "32"))
+]
 
 
 tc = script_fixture("ppo_atari_envpool_torchcompile")
@@ -65,17 +76,22 @@ def rollouts(tc, num_envs: int, split: bool, seed: int, rounds: int = 3, num_ste
     assert len(pools) == (2 if split else 1)
     torch.manual_seed(0)
     agent = tc.Agent(4)
-    u = tc.make_units(agent, tc.inference_copy(agent), args, torch.device("cpu"), compiled=False)
+    acts = [partial(tc.policy, tc.inference_copy(agent)) for _ in pools]
     stats, rng = tc.EpisodeStats(num_envs, window=1000), torch.Generator().manual_seed(0)
     next_obs = torch.from_numpy(np.concatenate([envs.reset()[0] for _, envs in pools]))
     next_done, shape, bufs = torch.zeros(num_envs), (num_steps, num_envs), []
     for _ in range(rounds):
-        buf = TensorDict(obs=torch.zeros(shape + (4, 84, 84), dtype=torch.uint8),
-                         actions=torch.zeros(shape, dtype=torch.long), logprobs=torch.zeros(shape),
-                         rewards=torch.zeros(shape), dones=torch.zeros(shape), values=torch.zeros(shape),
-                         batch_size=shape)
+        buf = TensorDict(
+            obs=torch.zeros(shape + (4, 84, 84), dtype=torch.uint8),
+            actions=torch.zeros(shape, dtype=torch.long),
+            logprobs=torch.zeros(shape),
+            rewards=torch.zeros(shape),
+            dones=torch.zeros(shape),
+            values=torch.zeros(shape),
+            batch_size=shape,
+        )
         gumbel = -torch.empty(shape + (4,)).exponential_(generator=rng).log()
-        tc.rollout(pools, u.acts, next_obs, next_done, buf, stats, gumbel)
+        tc.rollout(pools, acts, next_obs, next_done, buf, stats, gumbel)
         bufs.append(buf)
     for _, envs in pools:
         envs.close()
@@ -92,14 +108,14 @@ def test_split_rollout_equals_single_pool(tc, num_envs):
     split, stats_s, obs_s, done_s = rollouts(tc, num_envs, split=True, seed=2)
     single, stats_1, obs_1, done_1 = rollouts(tc, num_envs, split=False, seed=2)
     per_env = single["rewards"].sum((0, 1)), single["dones"].sum((0, 1))
-    assert (per_env[0] > 0).all() and (per_env[1] > 0).all() and stats_1.returns  # the teeth the docstring says
+    assert (per_env[0] > 0).all() and (per_env[1] > 0).all() and stats_1.finished  # the teeth the docstring says
     for key in ("obs", "actions", "rewards", "dones"):
         assert torch.equal(split[key], single[key]), key
     torch.testing.assert_close(split["logprobs"], single["logprobs"], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(split["values"], single["values"], rtol=1e-5, atol=1e-6)
     assert torch.equal(obs_s, obs_1) and torch.equal(done_s, done_1)
-    assert np.array_equal(stats_s.score, stats_1.score)
-    assert list(stats_s.returns) == list(stats_1.returns) and list(stats_s.lengths) == list(stats_1.lengths)
+    assert np.array_equal(stats_s.ret, stats_1.ret)
+    assert list(stats_s.finished) == list(stats_1.finished) and list(stats_s.lengths) == list(stats_1.lengths)
 
 
 def test_episode_stats_hand_built_sequence(tc):
@@ -114,24 +130,32 @@ def test_episode_stats_hand_built_sequence(tc):
         ([0, 1], [1.0, 1.0], [True, True], [False, False], [2, 1]),  # env 0: 7 + 1; env 1: a fresh 1-step game
     ]
     for ids, reward, terminated, truncated, elapsed in steps:
-        info = dict(env_id=np.array(ids), reward=np.array(reward), terminated=np.array(terminated),
-                    elapsed_step=np.array(elapsed))
+        info = dict(
+            env_id=np.array(ids),
+            reward=np.array(reward),
+            terminated=np.array(terminated),
+            elapsed_step=np.array(elapsed),
+        )
         stats.step(info, np.array(truncated))
-    assert list(stats.returns) == [5.0, 12.0, 8.0, 1.0]
+    assert list(stats.finished) == [5.0, 12.0, 8.0, 1.0]
     assert list(stats.lengths) == [3, 4, 2, 1]
-    assert stats.mean_return() == pytest.approx(6.5)
+    assert stats.mean() == pytest.approx(6.5)
+    assert stats.mean_length() == pytest.approx(2.5)
 
 
-@pytest.mark.parametrize("name,pool", [("ppo_atari_envpool", {}),
-                                       ("ppo_atari_envpool_torchcompile", {"num_envs": 2})])  # one pool of 2
+@pytest.mark.parametrize(
+    "name,pool", [("ppo_atari_envpool", {}), ("ppo_atari_envpool_torchcompile", {"num_envs": 2})]
+)  # one pool of 2
 def test_episode_return_is_the_full_unclipped_game_score(name, pool):
     """The scripts' envs and EpisodeStats, stepped with a fixed action sequence, against an independent count: a twin
     envpool instance without reward clipping, same seed and actions (so the same frames), whose 5-tuple rewards are
     summed until its lives reach 0."""
     module = load_script(name)
     args = module.Args(num_envs=2)
-    envs, twin = module.make_envs(args, seed=7, **pool), envpool.make("Breakout-v5", env_type="gym", num_envs=2,
-                                                              episodic_life=True, reward_clip=False, seed=7)
+    envs, twin = (
+        module.make_envs(args, seed=7, **pool),
+        envpool.make("Breakout-v5", env_type="gym", num_envs=2, episodic_life=True, reward_clip=False, seed=7),
+    )
     stats = module.EpisodeStats(args.num_envs, window=1000)
     obs, _ = envs.reset()
     twin_obs, _ = twin.reset()
@@ -148,15 +172,26 @@ def test_episode_return_is_the_full_unclipped_game_score(name, pool):
             expected.append(score[i])
             score[i] = 0.0
     assert len(expected) >= 5, "the action sequence must finish several games"
-    assert list(stats.returns) == expected
+    assert list(stats.finished) == expected
     assert clipped_seen <= {0.0, 1.0}  # the training reward is clipped; the logged score is not
     assert max(expected) > 0
 
 
-@pytest.mark.parametrize("bf16", [False, pytest.param(True, marks=pytest.mark.skipif(
-    not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-    reason="this CPU has no native bf16 (AVX512-BF16 or AMX): the script runs its trunk in fp32 here, and eager and "
-           "Inductor's emulated bf16 round differently"))], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "bf16",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.skipif(
+                not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+                reason="this CPU has no native bf16 (AVX512-BF16 or AMX): the script runs its trunk in fp32 here, "
+                "and eager and Inductor's emulated bf16 round differently",
+            ),
+        ),
+    ],
+    ids=["fp32", "bf16"],
+)
 def test_compiled_update_matches_eager(tc, bf16):
     """One minibatch step of `update`, eager and under torch.compile, from the same agent and data.
     Tolerances: in fp32 inductor only reorders sums (fused kernels), ~1e-6 relative on losses and gradients
@@ -171,15 +206,21 @@ def test_compiled_update_matches_eager(tc, bf16):
     torch.manual_seed(0)
     args = tc.Args()
     n = 64
-    data = (torch.randint(0, 256, (n, 4, 84, 84), dtype=torch.uint8), torch.randint(0, 4, (n,)),
-            torch.randn(n) * 0.1 - 1.4, torch.randn(n), torch.randn(n), torch.randn(n))
+    data = (
+        torch.randint(0, 256, (n, 4, 84, 84), dtype=torch.uint8),
+        torch.randint(0, 4, (n,)),
+        torch.randn(n) * 0.1 - 1.4,
+        torch.randn(n),
+        torch.randn(n),
+        torch.randn(n),
+    )
     results = []
     for compiled in (False, True):
         torch.manual_seed(1)
         agent = tc.Agent(4, bf16=bf16)
         optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(args.learning_rate), eps=1e-5)
         before = copy.deepcopy(agent.state_dict())
-        step = lambda *d: tc.update(agent, optimizer, args, *d)  # noqa: E731
+        step = partial(tc.update, agent, optimizer, args)
         stats = (torch.compile(step) if compiled else step)(*data)
         grads = torch.cat([p.grad.flatten() for p in agent.parameters()])
         results.append((before, stats, grads, agent.state_dict()))
@@ -204,8 +245,7 @@ def test_compiled_update_matches_eager(tc, bf16):
 @pytest.mark.parametrize("script", [*SCRIPTS, "ppo_atari_envpool_compile_async_torchcompile.py"])
 def test_classic_control_id_names_the_right_script(script, log_dir):
     proc = run_script(script, "--env-id", "CartPole-v1", *SMOKE, log_dir=log_dir, check=False)
-    suffix = "_torchcompile.py" if "torchcompile" in script else ".py"
-    assert_user_error(proc, "CartPole-v1", f"leanrl/ppo{suffix}")
+    assert_user_error(proc, "CartPole-v1", "classic-control", "leanrl/ppo.py")
     assert not log_dir.exists()  # nothing ran
 
 
@@ -217,6 +257,7 @@ def test_mujoco_id_is_refused(script, log_dir):
 
 
 def test_unknown_env_id(log_dir):
-    proc = run_script("ppo_atari_envpool_torchcompile.py", "--env-id", "Breakout-v99", *SMOKE, log_dir=log_dir,
-                      check=False)
+    proc = run_script(
+        "ppo_atari_envpool_torchcompile.py", "--env-id", "Breakout-v99", *SMOKE, log_dir=log_dir, check=False
+    )
     assert_user_error(proc, "unknown env id", "Breakout-v5")
