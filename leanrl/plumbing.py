@@ -277,9 +277,19 @@ class Run:
             save_checkpoint(...)
         run.finish(global_step, final_return=episodes.mean())
 
-    `lead=False` (a DDP rank other than 0) writes nothing and shows no bar; Ctrl-C still stops it."""
+    `lead=False` (a DDP rank other than 0) writes nothing and shows no bar; Ctrl-C still stops it. `compiling`
+    (default: `--compile`) says that the first calls compile, on stderr and in the bar, until `compiled()`."""
 
-    def __init__(self, args, script: str, device: torch.device, total_steps: int, start_step: int = 0, lead=True):
+    def __init__(
+        self,
+        args,
+        script: str,
+        device: torch.device,
+        total_steps: int,
+        start_step: int = 0,
+        lead: bool = True,
+        compiling: Optional[bool] = None,
+    ):
         self.args, self.script, self.device, self.lead = args, script, device, lead
         self.stop = StopFlag()
         self.consistent = True
@@ -304,7 +314,7 @@ class Run:
                     save_code=True,
                 )
         self.bar = tqdm.tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not lead)
-        if args.compile:  # the first calls compile: say so, or a first run looks stuck
+        if args.compile if compiling is None else compiling:  # the first calls compile: say so, or a run looks stuck
             self.say(
                 "compiling the units on their first call (a minute or more on a cold cache; later runs load "
                 "them from Inductor's on-disk cache)"

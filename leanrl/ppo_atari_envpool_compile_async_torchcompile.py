@@ -509,7 +509,9 @@ def main(args: Args):
     next_obs = torch.from_numpy(np.concatenate([envs.reset()[0] for _, envs in pools])).to(device)
     next_done = torch.zeros(args.num_envs, device=device)
 
-    run = plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step)
+    # with --compile-async the loop starts eager while the units compile beside it: nothing to wait for
+    compiling = args.compile and not args.compile_async
+    run = plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step, compiling=compiling)
     iteration = start_iteration - 1
     compiled_from = start_iteration if args.compile and not args.compile_async else None
     swap_iteration = None

@@ -518,7 +518,9 @@ def main(args: Args):
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
 
-    run = plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step)
+    # with --compile-async the loop starts eager while the units compile beside it: nothing to wait for
+    compiling = args.compile and not args.compile_async
+    run = plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step, compiling=compiling)
     iteration = start_iteration - 1
     compiled_from = start_iteration if args.compile and not args.compile_async else None
     swap_iteration = None
