@@ -50,7 +50,7 @@ def test_smoke(smoke, script, flags):
 
 def test_compile_says_units_compile_on_first_call(smoke):
     proc, log_dir = smoke["dqn_torchcompile.py", ("--compile",)]
-    assert "compile on their first call" in proc.stderr
+    assert "on their first call" in proc.stderr
     summary = read_summary(log_dir)
     assert set(summary["compile_times"]) == {"act", "update", "update_target"}
     assert read_metrics(log_dir)[-1]["compiled"] is True
@@ -74,19 +74,27 @@ def update_state(tc, seed=0):
     for k, v in random_fields().items():
         rb.fields[k].copy_(v)
     rb.full = True
-    return q, target, rb, tc.make_units(q, target, rb, args, torch.device("cpu"))
+    lr = torch.tensor(args.learning_rate)
+    optimizer = tc.make_optimizer(q, lr, capturable=False)
+    return q, target, rb, optimizer, lr
+
+
+def eager_update(tc, q, target, rb, optimizer, lr):
+    """The `update` unit as main binds it, before the compile block."""
+    return functools.partial(tc.update, q, target, optimizer, lr, 0.99, rb.fields)
 
 
 def test_update_matches_plain_autograd_step(tc):
     """The func.grad + functional-Adam `update` equals dqn.py's TD step: mse_loss, backward, torch.optim.Adam.step."""
-    q, target, rb, u = update_state(tc)
+    q, target, rb, optimizer, lr = update_state(tc)
+    update = eager_update(tc, q, target, rb, optimizer, lr)
     reference = tc.QNetwork(4, 2)
     reference.load_state_dict(q.state_dict())
     ref_opt = torch.optim.Adam(reference.parameters(), lr=2.5e-4)
     inds = torch.randint(0, 64, (32,), generator=torch.Generator().manual_seed(1))
     f = {k: v[inds] for k, v in rb.fields.items()}
     for _ in range(3):  # a few steps, so Adam's moments and bias correction are exercised
-        stats = u.update(inds)
+        stats = update(inds)
         with torch.no_grad():
             td_target = f["rewards"] + 0.99 * target(f["next_obs"]).max(1).values * (1 - f["dones"])
         old = reference(f["obs"]).gather(1, f["actions"].unsqueeze(1)).squeeze(1)
@@ -104,14 +112,13 @@ def test_compiled_update_matches_eager(tc):
     inds = torch.randint(0, 64, (32,), generator=torch.Generator().manual_seed(1))
     results = []
     for compiled in (False, True):
-        q, target, rb, u = update_state(tc)
-        update = u.update
+        q, target, rb, optimizer, lr = update_state(tc)
+        update = eager_update(tc, q, target, rb, optimizer, lr)
         if compiled:
-            update = torch.compile(functools.partial(tc.update, q, target, u.optimizer, u.lr, 0.99, rb.fields),
-                                   options=dict(cpp_wrapper=True))
+            update = torch.compile(update, options=dict(cpp_wrapper=True))
         stats = [update(inds) for _ in range(2)]
         results.append((torch.stack(stats), [p.detach().clone() for p in q.parameters()],
-                        [u.optimizer.state[p]["exp_avg_sq"].clone() for p in q.parameters()]))
+                        [optimizer.state[p]["exp_avg_sq"].clone() for p in q.parameters()]))
     (s0, p0, v0), (s1, p1, v1) = results
     torch.testing.assert_close(s1, s0, rtol=1e-5, atol=1e-6)
     assert not torch.equal(p0[0], next(update_state(tc)[0].parameters()))  # the step did move them
@@ -141,14 +148,14 @@ def test_act_is_greedy(tc):
 def test_numpy_act_follows_the_learner(tc, compiled):
     """numpy_act gives act's greedy actions, also after updates (eager and compiled) that change them: it reads the
     Q-network's own memory, so a copy taken once would fail here."""
-    q, target, rb, u = update_state(tc)
+    q, target, rb, optimizer, lr = update_state(tc)
     greedy = tc.numpy_act(q)
     obs = torch.randn(300, 4, generator=torch.Generator().manual_seed(2))
     before = tc.act(q, obs)
     assert [greedy(o.numpy()) for o in obs] == before.tolist()
-    update = functools.partial(tc.update, q, target, u.optimizer, u.lr, 0.99, rb.fields)
+    update = eager_update(tc, q, target, rb, optimizer, lr)
     update = torch.compile(update, options=dict(cpp_wrapper=True)) if compiled else update
-    u.lr.fill_(0.05)  # large steps, so that some greedy actions change
+    lr.fill_(0.05)  # large steps, so that some greedy actions change
     for seed in range(5):
         update(torch.randint(0, 64, (32,), generator=torch.Generator().manual_seed(seed)))
     after = tc.act(q, obs)

@@ -99,7 +99,7 @@ def test_update_gathers_the_stacks_dqn_atari_envpool_samples(tc, base):
 
 BAD_INPUT = [
     (["--env-id", "CartPole-v1"], ["classic-control", "dqn.py"]),
-    (["--env-id", "HalfCheetah-v4"], ["continuous"]),
+    (["--env-id", "HalfCheetah-v4"], ["MuJoCo", "no DQN script"]),
     (["--env-id", "NoSuchGame-v5"], ["unknown env id"]),
     (["--batch-size", "64", "--buffer-size", "32"], ["--batch-size", "--buffer-size"]),
     (["--capture-video"], ["envpool renders no frames"]),
