@@ -8,17 +8,8 @@ at a time, one autograd step per update. It is the yardstick dqn_atari_envpool_t
     python leanrl/dqn_atari_envpool.py --compile        # the same code under a naive torch.compile of the Q-network
 """
 
-import contextlib
-import io
-import json
-import math
-import os
-import platform
-import signal
-import sys
 import time
-from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Optional
 
 import envpool
@@ -26,14 +17,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import tqdm
-import tyro
 from tensordict import TensorDict
+
+import plumbing
+
+SCRIPT = plumbing.script_name(__file__)
 
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    exp_name: str = SCRIPT
     """the name of this experiment"""
     seed: int = 1
     """seed of the experiment"""
@@ -97,62 +90,31 @@ class Args:
     """torch intra-op threads (1: on a busy 2-core CPU, 2 threads made the batch-1 acting forward 30x slower)"""
 
 
-def fail(message: str):
-    """A user mistake: one line on stderr, exit code 2, no traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def parse_args() -> Args:
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            return tyro.cli(Args)
-    except SystemExit as e:
-        if e.code:  # tyro draws a multi-line box: fold it into the one line a user mistake gets
-            lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
-            fail(" ".join(ln for ln in lines[1:] if ln and not ln.startswith("For full helptext")))
-        raise
-
-
-def check_env_id(env_id: str):
-    family = envpool.registration.registry.specs.get(env_id, ("",))[0]
-    if "atari" in family:
-        return
-    if "classic_control" in family:
-        fail(f"--env-id {env_id} is a classic-control task; use leanrl/dqn.py")
-    if "mujoco" in family:
-        fail(f"--env-id {env_id} is a MuJoCo task (continuous actions); DQN needs discrete actions, e.g. Breakout-v5")
-    fail(f"--env-id {env_id!r}: unknown env id; this script takes envpool Atari ids such as Breakout-v5 or Pong-v5")
-
-
 def check_args(args: Args) -> Optional[dict]:
-    rules = [(("total_timesteps", "learning_rate", "buffer_size", "target_network_frequency", "batch_size",
-               "train_frequency", "log_every", "num_threads"), lambda x: 0 < x < math.inf, "positive and finite"),
-             (("seed",), lambda x: 0 <= x < 2**31, "in [0, 2**31)"),
-             (("learning_starts", "measure_burnin"), lambda x: x >= 0, ">= 0"),
-             (("gamma", "tau", "exploration_fraction"), lambda x: 0 < x <= 1, "in (0, 1]"),
-             (("start_e", "end_e"), lambda x: 0 <= x <= 1, "a probability, in [0, 1]"),
-             (("num_envs",), lambda x: x == 1, "1 (this DQN steps one env, as CleanRL's does)"),
-             (("capture_video",), lambda x: not x, "off (envpool renders no frames)")]
-    for names, ok, what in rules:
-        for name in names:
-            if not ok(getattr(args, name)):  # `not ok`: a NaN fails every rule
-                fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
+    """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    plumbing.positive(
+        args, "total_timesteps", "buffer_size", "target_network_frequency", "batch_size", "train_frequency", "log_every"
+    )
+    plumbing.positive_finite(args, "learning_rate")
+    plumbing.require(args, lambda v: v >= 0, "non-negative", "learning_starts")
+    plumbing.unit_interval(args, "gamma", "tau", "exploration_fraction")
+    plumbing.probability(args, "start_e", "end_e")
+    plumbing.require(args, lambda v: v == 1, "1 (this DQN steps one env, as CleanRL's does)", "num_envs")
     if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+        plumbing.fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
     if args.end_e > args.start_e:
-        fail(f"--end-e {args.end_e} must not exceed --start-e {args.start_e}: epsilon anneals down")
+        plumbing.fail(f"--end-e {args.end_e} must not exceed --start-e {args.start_e}: epsilon anneals down")
     if args.learning_starts >= args.total_timesteps:
-        fail(f"--learning-starts {args.learning_starts} must be less than --total-timesteps {args.total_timesteps}")
-    ckpt = load_checkpoint(args) if args.resume else None  # another script's or run's checkpoint is refused now
-    if args.log_dir is not None:
-        with contextlib.suppress(OSError):
-            os.makedirs(args.log_dir, exist_ok=True)
-        if not os.access(args.log_dir, os.W_OK | os.X_OK):  # also when it could not be made
-            fail(f"--log-dir {args.log_dir}: cannot create or write that folder")
-    check_env_id(args.env_id)
-    return ckpt
+        plumbing.fail(
+            f"--learning-starts {args.learning_starts} must be less than --total-timesteps {args.total_timesteps}"
+        )
+    if args.cudagraphs and args.cuda and torch.cuda.is_available():
+        plumbing.fail(
+            "--cudagraphs: dqn_atari_envpool.py is the eager baseline; CUDA graphs need the units of "
+            "dqn_atari_envpool_torchcompile.py"
+        )
+    plumbing.check_env_id(args.env_id, "atari", "dqn")
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "buffer_size"), video=False)
 
 
 def make_env(args: Args, seed: int):
@@ -165,9 +127,18 @@ class QNetwork(nn.Sequential):
     """The Nature CNN: uint8 frames in (scaled to [0, 1] here), one Q-value per action out."""
 
     def __init__(self, n_actions: int):
-        super().__init__(nn.Conv2d(4, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-                         nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(),
-                         nn.Linear(512, n_actions))
+        super().__init__(
+            nn.Conv2d(4, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(3136, 512),
+            nn.ReLU(),
+            nn.Linear(512, n_actions),
+        )
 
     def forward(self, x):
         return super().forward(x / 255.0)
@@ -187,21 +158,35 @@ class ReplayBuffer:
     Frames are allocated with torch.empty: memory is touched as the buffer fills."""
 
     def __init__(self, size: int, device):
-        self.data = TensorDict(frames=torch.empty(size, 84, 84, dtype=torch.uint8),
-                               age=torch.zeros(size, dtype=torch.long), actions=torch.zeros(size, dtype=torch.long),
-                               rewards=torch.zeros(size), dones=torch.zeros(size), batch_size=[size], device=device)
+        self.data = TensorDict(
+            frames=torch.empty(size, 84, 84, dtype=torch.uint8),
+            age=torch.zeros(size, dtype=torch.long),
+            actions=torch.zeros(size, dtype=torch.long),
+            rewards=torch.zeros(size),
+            dones=torch.zeros(size),
+            batch_size=[size],
+            device=device,
+        )
         self.offsets = torch.tensor([3, 2, 1, 0], device=device)
-        self.size, self.pos, self.full = size, 0, False
-        self.age, self.resetting = 0, False  # the steps since the game's reset; whether the next step resets it
+        self.size = size
+        self.pos = 0
+        self.full = False
+        self.age = 0  # the steps since the game's reset
+        self.resetting = False  # whether the next step only resets the game
 
     def add(self, frame, action: int, reward: float, done: bool, game_over: bool):
         """One env step from an obs whose newest frame is `frame`. The step after a game's end only resets the game
         (envpool ignores its action): it is no transition. done: a life lost, the game over or the time limit (the
         next slot holds the fresh game then, not a last obs to bootstrap from)."""
         if not self.resetting:
-            self.data[self.pos] = TensorDict(frames=torch.as_tensor(frame), age=torch.tensor(self.age),
-                                             actions=torch.tensor(action), rewards=torch.tensor(float(reward)),
-                                             dones=torch.tensor(float(done)), device=self.data.device)
+            self.data[self.pos] = TensorDict(
+                frames=torch.as_tensor(frame),
+                age=torch.tensor(self.age),
+                actions=torch.tensor(action),
+                rewards=torch.tensor(float(reward)),
+                dones=torch.tensor(float(done)),
+                device=self.data.device,
+            )
             self.pos = (self.pos + 1) % self.size
             self.full = self.full or self.pos == 0
         self.age = 0 if self.resetting else min(self.age + 1, 3)
@@ -222,65 +207,13 @@ class ReplayBuffer:
         return batch.update(dict(obs=self.stacks(inds), next_obs=self.stacks((inds + 1) % self.size)))
 
 
-def machine_info(device: torch.device) -> dict:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
-
-
-class StopFlag:
-    """Ctrl-C (or SIGTERM): stop after the current chunk of log_every steps; before the first, or again: at once."""
-
-    def __init__(self):
-        self.set, self.logged = False, False
-        signal.signal(signal.SIGINT, self.handle)
-        signal.signal(signal.SIGTERM, self.handle)
-
-    def handle(self, signum, frame):
-        if not self.logged:
-            os._exit(130)
-        if self.set:
-            raise KeyboardInterrupt
-        self.set = True
-        print("\nstopping after this chunk (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr)
-
-
-def load_checkpoint(args: Args) -> dict:
-    """Networks, optimizer, RNGs and the step; not the buffer (gigabytes): a resumed run acts --learning-starts steps
-    to refill it before it learns. The game in flight is lost (envpool cannot snapshot it): a fresh seed restarts it."""
-    if not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
-    try:
-        ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
-        written_by, trained = ckpt["script"], ckpt["args"]
-    except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
-        fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
-    if written_by != os.path.basename(__file__)[: -len(".py")]:
-        fail(f"--resume {args.resume} was written by {written_by}.py; resume it with leanrl/{written_by}.py")
-    for key in ("env_id", "buffer_size"):
-        if trained[key] != getattr(args, key):
-            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {trained[key]}; pass the same")
-    return ckpt
-
-
 def main(args: Args):
     ckpt = check_args(args)
-    script = os.path.basename(__file__)[: -len(".py")]
-    log_dir = args.log_dir or f"runs/{args.env_id.replace('/', '-')}__{script}__{args.seed}__{int(time.time())}"
-    os.makedirs(log_dir, exist_ok=True)
-
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.num_threads)
     rng = np.random.default_rng(args.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if args.cudagraphs and device.type != "cuda":
-        print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
-    elif args.cudagraphs:
-        fail("dqn_atari_envpool.py is the eager baseline; --cudagraphs needs the units of "
-             "leanrl/dqn_atari_envpool_torchcompile.py")
+    device = plumbing.pick_device(args)
 
     env = make_env(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
     n_actions = env.action_space.n
@@ -288,14 +221,15 @@ def main(args: Args):
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
     target_network = QNetwork(n_actions).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    q_forward, target_forward = q_network, target_network
+    q_forward = q_network
+    target_forward = target_network
     if args.compile:
-        q_forward, target_forward = torch.compile(q_network), torch.compile(target_network)
+        q_forward = torch.compile(q_network)
+        target_forward = torch.compile(target_network)
     rb = ReplayBuffer(args.buffer_size, device)
     # the real game's score: info["reward"] (unclipped) summed until info["terminated"] (all lives lost) or the time
     # limit; the 5-tuple's `terminated` is per life under episodic_life, and its reward is clipped
-    score, finished = 0.0, deque(maxlen=20)  # the scores of the last 20 finished games
-    mean_return = lambda: float(np.mean(finished)) if finished else None  # noqa: E731
+    episodes = plumbing.Episodes(1)
     global_step = 0
     if ckpt:
         q_network.load_state_dict(ckpt["q_network"])
@@ -303,28 +237,27 @@ def main(args: Args):
         optimizer.load_state_dict(ckpt["optimizer"])
         torch.set_rng_state(ckpt["torch_rng"])
         rng.bit_generator.state = ckpt["np_rng"]
-        finished.extend(ckpt["finished"].tolist())
+        episodes.load(ckpt["episodes"])
+        episodes.ret[:] = 0  # envpool cannot snapshot a game: the one in flight is lost
         global_step = ckpt["global_step"]
     learn_after = global_step + args.learning_starts  # after a resume: refill the buffer first
     obs, _ = env.reset()
 
-    run = None
-    if args.track:
-        import wandb
-        run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
-                         name=os.path.basename(log_dir), dir=log_dir, save_code=True)
-    metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
-    stop = StopFlag()
-    bar = tqdm.tqdm(total=args.total_timesteps, initial=global_step, unit="step", dynamic_ncols=True)
-    start, measure_from, fps, forced, first_update = time.perf_counter(), None, None, False, None
-    t_env = t_policy = t_update = 0.0
-    losses, q_values = [], []
+    run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
     start_step = global_step
-    try:
+    first_update = None  # the first update's time: with --compile, the compilation
+    compiling = args.compile
+    losses = []
+    q_values = []
+    t_env = 0.0
+    t_policy = 0.0
+    t_update = 0.0
+    with run:
         while global_step < args.total_timesteps:
             t0 = time.perf_counter()
-            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
-                                      global_step)
+            epsilon = linear_schedule(
+                args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+            )
             if rng.random() < epsilon:
                 action = int(rng.integers(n_actions))
             else:
@@ -334,12 +267,9 @@ def main(args: Args):
             next_obs, reward, terminated, truncated, info = env.step(np.array([action]))
             t_env += time.perf_counter() - t1
             t_policy += t1 - t0
-            score += float(info["reward"][0])
-            game_over = bool(info["terminated"][0] or truncated[0])
-            if game_over:
-                finished.append(score)
-                score = 0.0
-            rb.add(obs[0, -1], action, reward[0], terminated[0] or truncated[0], game_over)
+            game_over = np.logical_or(info["terminated"], truncated)
+            episodes.record(info["reward"], game_over)
+            rb.add(obs[0, -1], action, reward[0], terminated[0] or truncated[0], game_over[0])
             obs = next_obs
 
             t0 = time.perf_counter()
@@ -356,7 +286,8 @@ def main(args: Args):
                     optimizer.step()
                     losses.append(loss.item())
                     q_values.append(old_val.mean().item())
-                    first_update = first_update or time.perf_counter() - t0
+                    if first_update is None:
+                        first_update = time.perf_counter() - t0
                 if global_step % args.target_network_frequency == 0:
                     for target_param, q_param in zip(target_network.parameters(), q_network.parameters()):
                         target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
@@ -365,55 +296,44 @@ def main(args: Args):
 
             if global_step % args.log_every and global_step < args.total_timesteps:
                 continue
-            # steady-state fps: whole chunks after learning_starts plus the burn-in
-            now = time.perf_counter()
-            if measure_from is None and global_step >= learn_after + args.measure_burnin:
-                measure_from = (now, global_step)
-            elif measure_from:
-                fps = (global_step - measure_from[1]) / (now - measure_from[0])
-            row = dict(iteration=global_step // args.log_every, global_step=global_step, time=now - start, fps=fps,
-                       episodic_return=mean_return(), epsilon=epsilon, t_env=t_env, t_policy=t_policy,
-                       t_update=t_update, td_loss=float(np.mean(losses)) if losses else None,
-                       q_values=float(np.mean(q_values)) if q_values else None)
-            metrics.write(json.dumps(row) + "\n")
-            if run:
-                run.log(row, step=global_step)
-            bar.update(global_step - bar.n)
-            bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            t_env = t_policy = t_update = 0.0
-            losses, q_values = [], []
-            stop.logged = True
-            if stop.set:
+            run.log(
+                global_step,
+                steady=global_step >= learn_after + args.measure_burnin,
+                iteration=global_step // args.log_every,
+                episodic_return=episodes.mean(),
+                epsilon=epsilon,
+                t_env=t_env,
+                t_policy=t_policy,
+                t_update=t_update,
+                td_loss=float(np.mean(losses)) if losses else None,
+                q_values=float(np.mean(q_values)) if q_values else None,
+            )
+            if compiling and first_update is not None:
+                run.compiled()
+                compiling = False
+            t_env = 0.0
+            t_policy = 0.0
+            t_update = 0.0
+            losses = []
+            q_values = []
+            if run.stopping:
                 break
-    except KeyboardInterrupt:  # the second Ctrl-C: stop mid-chunk, with no consistent state to save
-        stop.set = forced = True
-    finally:
-        bar.close()
-        metrics.close()
-        env.close()
-    if args.save_model and not forced and global_step > start_step:
-        path = os.path.join(log_dir, "agent.pt")
-        torch.save(dict(
-            script=script, q_network=q_network.state_dict(), target_network=target_network.state_dict(),
-            optimizer=optimizer.state_dict(), args=asdict(args), global_step=global_step,
-            torch_rng=torch.get_rng_state(), np_rng=rng.bit_generator.state,
-            finished=torch.tensor(list(finished), dtype=torch.float64)), path + ".tmp")
-        os.replace(path + ".tmp", path)  # atomic: a crash mid-write never leaves a truncated agent.pt
-
-    summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
-                   num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
-                   wall_time=time.perf_counter() - start, fps=fps, final_return=mean_return(),
-                   compile_time=first_update if args.compile else None, interrupted=stop.set)
-    with open(os.path.join(log_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    if run:
-        run.summary.update(summary)
-        run.finish()
-    print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
-          f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
-    if stop.set:
-        sys.exit(130)
+    env.close()
+    if args.save_model and run.consistent and global_step > start_step:
+        plumbing.save_checkpoint(
+            f"{args.log_dir}/agent.pt",
+            SCRIPT,
+            args,
+            q_network=q_network.state_dict(),
+            target_network=target_network.state_dict(),
+            optimizer=optimizer.state_dict(),
+            global_step=global_step,
+            torch_rng=torch.get_rng_state(),
+            np_rng=rng.bit_generator.state,
+            episodes=episodes.state(),
+        )
+    run.finish(global_step, episodes.mean(), compile_time=first_update if args.compile else None)
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    main(plumbing.parse_args(Args))

@@ -5,16 +5,54 @@ import functools
 import numpy as np
 import pytest
 import torch
+
 from conftest import assert_rejected, read_metrics, read_summary, run_ids, run_script, script_fixture, smoke_fixture
 
 SCRIPTS = ["dqn.py", "dqn_torchcompile.py"]
 # the off-policy smoke budget: 600 steps, learning from step 200, fps measured from step 300
-TINY = ["--total-timesteps", "600", "--learning-starts", "200", "--measure-burnin", "100", "--log-every", "100",
-        "--target-network-frequency", "50", "--num-threads", "1"]
-ROW_FIELDS = {"iteration", "global_step", "time", "fps", "episodic_return", "epsilon", "t_env", "t_policy", "t_update",
-              "td_loss", "q_values"}
-SUMMARY_FIELDS = {"script", "env_id", "seed", "flags", "device", "torch", "cpu", "gpu", "num_threads",
-                  "total_timesteps", "wall_time", "fps", "final_return", "compile_time"}
+TINY = [
+    "--total-timesteps",
+    "600",
+    "--learning-starts",
+    "200",
+    "--measure-burnin",
+    "100",
+    "--log-every",
+    "100",
+    "--target-network-frequency",
+    "50",
+    "--num-threads",
+    "1",
+]
+ROW_FIELDS = {
+    "iteration",
+    "global_step",
+    "time",
+    "fps",
+    "episodic_return",
+    "epsilon",
+    "t_env",
+    "t_policy",
+    "t_update",
+    "td_loss",
+    "q_values",
+}
+SUMMARY_FIELDS = {
+    "script",
+    "env_id",
+    "seed",
+    "flags",
+    "device",
+    "torch",
+    "cpu",
+    "gpu",
+    "num_threads",
+    "total_timesteps",
+    "wall_time",
+    "fps",
+    "final_return",
+    "compile_time",
+}
 # the last run acts through torch on a CPU, the path CUDA takes (by default a CPU acts with numpy_act)
 RUNS = [(s, f) for s in SCRIPTS for f in ((), ("--compile",), ("--cudagraphs",))] + [(SCRIPTS[1], ("--no-numpy-act",))]
 
@@ -50,7 +88,7 @@ def test_smoke(smoke, script, flags):
 
 def test_compile_says_units_compile_on_first_call(smoke):
     proc, log_dir = smoke["dqn_torchcompile.py", ("--compile",)]
-    assert "compile on their first call" in proc.stderr
+    assert "on their first call" in proc.stderr
     summary = read_summary(log_dir)
     assert set(summary["compile_times"]) == {"act", "update", "update_target"}
     assert read_metrics(log_dir)[-1]["compiled"] is True
@@ -58,9 +96,13 @@ def test_compile_says_units_compile_on_first_call(smoke):
 
 def random_fields(n=64, n_obs=4, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return dict(obs=torch.randn(n, n_obs, generator=g), next_obs=torch.randn(n, n_obs, generator=g),
-                actions=torch.randint(0, 2, (n,), generator=g), rewards=torch.rand(n, generator=g),
-                dones=(torch.rand(n, generator=g) < 0.2).float())
+    return dict(
+        obs=torch.randn(n, n_obs, generator=g),
+        next_obs=torch.randn(n, n_obs, generator=g),
+        actions=torch.randint(0, 2, (n,), generator=g),
+        rewards=torch.rand(n, generator=g),
+        dones=(torch.rand(n, generator=g) < 0.2).float(),
+    )
 
 
 def update_state(tc, seed=0):
@@ -74,19 +116,27 @@ def update_state(tc, seed=0):
     for k, v in random_fields().items():
         rb.fields[k].copy_(v)
     rb.full = True
-    return q, target, rb, tc.make_units(q, target, rb, args, torch.device("cpu"))
+    lr = torch.tensor(args.learning_rate)
+    optimizer = tc.make_optimizer(q, lr, capturable=False)
+    return q, target, rb, optimizer, lr
+
+
+def eager_update(tc, q, target, rb, optimizer, lr):
+    """The `update` unit as main binds it, before the compile block."""
+    return functools.partial(tc.update, q, target, optimizer, lr, 0.99, rb.fields)
 
 
 def test_update_matches_plain_autograd_step(tc):
     """The func.grad + functional-Adam `update` equals dqn.py's TD step: mse_loss, backward, torch.optim.Adam.step."""
-    q, target, rb, u = update_state(tc)
+    q, target, rb, optimizer, lr = update_state(tc)
+    update = eager_update(tc, q, target, rb, optimizer, lr)
     reference = tc.QNetwork(4, 2)
     reference.load_state_dict(q.state_dict())
     ref_opt = torch.optim.Adam(reference.parameters(), lr=2.5e-4)
     inds = torch.randint(0, 64, (32,), generator=torch.Generator().manual_seed(1))
     f = {k: v[inds] for k, v in rb.fields.items()}
     for _ in range(3):  # a few steps, so Adam's moments and bias correction are exercised
-        stats = u.update(inds)
+        stats = update(inds)
         with torch.no_grad():
             td_target = f["rewards"] + 0.99 * target(f["next_obs"]).max(1).values * (1 - f["dones"])
         old = reference(f["obs"]).gather(1, f["actions"].unsqueeze(1)).squeeze(1)
@@ -104,14 +154,18 @@ def test_compiled_update_matches_eager(tc):
     inds = torch.randint(0, 64, (32,), generator=torch.Generator().manual_seed(1))
     results = []
     for compiled in (False, True):
-        q, target, rb, u = update_state(tc)
-        update = u.update
+        q, target, rb, optimizer, lr = update_state(tc)
+        update = eager_update(tc, q, target, rb, optimizer, lr)
         if compiled:
-            update = torch.compile(functools.partial(tc.update, q, target, u.optimizer, u.lr, 0.99, rb.fields),
-                                   options=dict(cpp_wrapper=True))
+            update = torch.compile(update, options=dict(cpp_wrapper=True))
         stats = [update(inds) for _ in range(2)]
-        results.append((torch.stack(stats), [p.detach().clone() for p in q.parameters()],
-                        [u.optimizer.state[p]["exp_avg_sq"].clone() for p in q.parameters()]))
+        results.append(
+            (
+                torch.stack(stats),
+                [p.detach().clone() for p in q.parameters()],
+                [optimizer.state[p]["exp_avg_sq"].clone() for p in q.parameters()],
+            )
+        )
     (s0, p0, v0), (s1, p1, v1) = results
     torch.testing.assert_close(s1, s0, rtol=1e-5, atol=1e-6)
     assert not torch.equal(p0[0], next(update_state(tc)[0].parameters()))  # the step did move them
@@ -141,14 +195,14 @@ def test_act_is_greedy(tc):
 def test_numpy_act_follows_the_learner(tc, compiled):
     """numpy_act gives act's greedy actions, also after updates (eager and compiled) that change them: it reads the
     Q-network's own memory, so a copy taken once would fail here."""
-    q, target, rb, u = update_state(tc)
+    q, target, rb, optimizer, lr = update_state(tc)
     greedy = tc.numpy_act(q)
     obs = torch.randn(300, 4, generator=torch.Generator().manual_seed(2))
     before = tc.act(q, obs)
     assert [greedy(o.numpy()) for o in obs] == before.tolist()
-    update = functools.partial(tc.update, q, target, u.optimizer, u.lr, 0.99, rb.fields)
+    update = eager_update(tc, q, target, rb, optimizer, lr)
     update = torch.compile(update, options=dict(cpp_wrapper=True)) if compiled else update
-    u.lr.fill_(0.05)  # large steps, so that some greedy actions change
+    lr.fill_(0.05)  # large steps, so that some greedy actions change
     for seed in range(5):
         update(torch.randint(0, 64, (32,), generator=torch.Generator().manual_seed(seed)))
     after = tc.act(q, obs)
@@ -197,8 +251,15 @@ def test_baseline_buffer_wraps_around(base):
     rb = base.ReplayBuffer(5, 4, "cpu")
     for i in range(7):
         o, n, a, r, d = transition(i)
-        rb.add(TensorDict(obs=torch.as_tensor(o), next_obs=torch.as_tensor(n), actions=torch.tensor(a),
-                          rewards=torch.tensor(r), dones=torch.tensor(d)))
+        rb.add(
+            TensorDict(
+                obs=torch.as_tensor(o),
+                next_obs=torch.as_tensor(n),
+                actions=torch.tensor(a),
+                rewards=torch.tensor(r),
+                dones=torch.tensor(d),
+            )
+        )
     assert rb.full and len(rb) == 5 and rb.pos == 2
     assert rb.data["obs"][:, 0].tolist() == [5, 6, 2, 3, 4]
 
@@ -210,8 +271,15 @@ def test_sampling_stays_in_the_written_part(tc, base):
 
     for i in range(1, 11):
         o, n, a, r, d = transition(i)
-        rb.add(TensorDict(obs=torch.as_tensor(o), next_obs=torch.as_tensor(n), actions=torch.tensor(a),
-                          rewards=torch.tensor(r), dones=torch.tensor(d)))
+        rb.add(
+            TensorDict(
+                obs=torch.as_tensor(o),
+                next_obs=torch.as_tensor(n),
+                actions=torch.tensor(a),
+                rewards=torch.tensor(r),
+                dones=torch.tensor(d),
+            )
+        )
     batch = rb.sample(2000, generator=torch.Generator().manual_seed(0))
     assert set(batch["rewards"].tolist()) == set(map(float, range(1, 11)))
     # the torchcompile loop draws torch.randint(len(rb)) and `update` gathers those rows
@@ -230,8 +298,9 @@ def test_resume_continues_and_names_the_writer(smoke, tmp_path):
     rows = read_metrics(out)
     assert [r["global_step"] for r in rows] == [700, 800] and rows[-1]["td_loss"] is not None
     _, base_dir = smoke["dqn.py", ()]
-    proc = run_script("dqn_torchcompile.py", *TINY, "--resume", str(base_dir / "agent.pt"), log_dir=tmp_path / "x",
-                      check=False)
+    proc = run_script(
+        "dqn_torchcompile.py", *TINY, "--resume", str(base_dir / "agent.pt"), log_dir=tmp_path / "x", check=False
+    )
     assert proc.returncode == 2 and "written by dqn.py" in proc.stderr
 
 
@@ -252,15 +321,32 @@ def test_bad_input(flags, words, log_dir):
     assert_rejected("dqn_torchcompile.py", flags, words, log_dir)
 
 
-@pytest.mark.parametrize("flags,words", BAD_INPUT[:3] + BAD_INPUT[4:5], ids=[" ".join(f) for f, _ in BAD_INPUT[:3] + BAD_INPUT[4:5]])
+@pytest.mark.parametrize(
+    "flags,words", BAD_INPUT[:3] + BAD_INPUT[4:5], ids=[" ".join(f) for f, _ in BAD_INPUT[:3] + BAD_INPUT[4:5]]
+)
 def test_bad_input_baseline(flags, words, log_dir):
     """The baseline's checks are the same code (check_args, in-process below); a few runs show it ends the same way."""
     assert_rejected("dqn.py", flags, words, log_dir)
 
 
-BAD_FIELDS = dict(total_timesteps=0, learning_rate=0.0, buffer_size=0, gamma=0.0, tau=1.5, target_network_frequency=0,
-                  batch_size=-1, start_e=1.2, end_e=-0.1, exploration_fraction=0.0, learning_starts=-1,
-                  train_frequency=0, measure_burnin=-5, log_every=0, num_threads=0, num_envs=2)
+BAD_FIELDS = dict(
+    total_timesteps=0,
+    learning_rate=0.0,
+    buffer_size=0,
+    gamma=0.0,
+    tau=1.5,
+    target_network_frequency=0,
+    batch_size=-1,
+    start_e=1.2,
+    end_e=-0.1,
+    exploration_fraction=0.0,
+    learning_starts=-1,
+    train_frequency=0,
+    measure_burnin=-5,
+    log_every=0,
+    num_threads=0,
+    num_envs=2,
+)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

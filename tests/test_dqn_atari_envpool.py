@@ -3,14 +3,31 @@
 import numpy as np
 import pytest
 import torch
-from conftest import assert_rejected, load_script, run_ids, script_fixture, smoke_fixture
 from test_dqn import check_dqn_smoke
+
+from conftest import assert_rejected, load_script, run_ids, script_fixture, smoke_fixture
 
 SCRIPTS = ["dqn_atari_envpool.py", "dqn_atari_envpool_torchcompile.py"]
 # a tiny budget and buffer: 300 steps, learning from step 100, fps from step 150; 200 frames of buffer (the default
 # million would allocate 7.1 GB)
-TINY = ["--total-timesteps", "300", "--learning-starts", "100", "--measure-burnin", "50", "--log-every", "50",
-        "--buffer-size", "200", "--batch-size", "8", "--target-network-frequency", "50", "--num-threads", "1"]
+TINY = [
+    "--total-timesteps",
+    "300",
+    "--learning-starts",
+    "100",
+    "--measure-burnin",
+    "50",
+    "--log-every",
+    "50",
+    "--buffer-size",
+    "200",
+    "--batch-size",
+    "8",
+    "--target-network-frequency",
+    "50",
+    "--num-threads",
+    "1",
+]
 RUNS = [(s, f) for s in SCRIPTS for f in ((), ("--compile",))]
 
 
@@ -50,7 +67,8 @@ def play(fill, steps=400, seed=3):
 
 
 def check_stacks(kept, size, pos, sampleable, stack_of):
-    """Every sampleable slot's rebuilt obs is envpool's stack, and its next obs too unless the step ended a life/game."""
+    """Every sampleable slot's rebuilt obs is envpool's stack, and its next obs too unless the step ended a life or a
+    game."""
     n = len(kept)
     for slot in sampleable:
         j = max(k for k in range(n) if k % size == slot)  # the newest transition written to that slot
@@ -74,22 +92,27 @@ def test_buffer_rebuilds_envpool_stacks(tc, size):
         assert not {rb.pos, (rb.pos + 1) % size, (rb.pos + 2) % size, (rb.pos - 1) % size} & set(sampleable)
     else:
         assert sampleable == list(range(rb.pos - 1))
-    check_stacks(kept, size, rb.pos, sampleable,
-                 lambda slot: tc.stacks(rb.fields, torch.tensor([slot]))[0].numpy())
+    check_stacks(kept, size, rb.pos, sampleable, lambda slot: tc.stacks(rb.fields, torch.tensor([slot]))[0].numpy())
 
 
 def test_baseline_buffer_rebuilds_envpool_stacks(base):
     rb = base.ReplayBuffer(64, "cpu")
     kept = play(rb.add, steps=300)
     first, count = rb.sampleable()
-    check_stacks(kept, 64, rb.pos, [(first + k) % 64 for k in range(count)],
-                 lambda slot: rb.stacks(torch.tensor([slot]))[0].numpy())
+    check_stacks(
+        kept,
+        64,
+        rb.pos,
+        [(first + k) % 64 for k in range(count)],
+        lambda slot: rb.stacks(torch.tensor([slot]))[0].numpy(),
+    )
     batch = rb.sample(16, generator=torch.Generator().manual_seed(0))
     assert batch["obs"].shape == batch["next_obs"].shape == (16, 4, 84, 84) and batch["obs"].dtype == torch.uint8
 
 
 def test_update_gathers_the_stacks_dqn_atari_envpool_samples(tc, base):
-    """The torchcompile update's batch (stacks rebuilt inside `update`) is the baseline's rb.sample for the same slots."""
+    """The torchcompile update's batch (stacks rebuilt inside `update`) is the baseline's rb.sample for the same
+    slots."""
     rb, brb = tc.ReplayBuffer(64, "cpu", stage=1), base.ReplayBuffer(64, "cpu")
     play(lambda *a: (rb.add(*a), brb.add(*a)), steps=200)
     inds = rb.sample_indices(32, torch.Generator().manual_seed(0))
@@ -99,7 +122,7 @@ def test_update_gathers_the_stacks_dqn_atari_envpool_samples(tc, base):
 
 BAD_INPUT = [
     (["--env-id", "CartPole-v1"], ["classic-control", "dqn.py"]),
-    (["--env-id", "HalfCheetah-v4"], ["continuous"]),
+    (["--env-id", "HalfCheetah-v4"], ["MuJoCo", "no DQN script"]),
     (["--env-id", "NoSuchGame-v5"], ["unknown env id"]),
     (["--batch-size", "64", "--buffer-size", "32"], ["--batch-size", "--buffer-size"]),
     (["--capture-video"], ["envpool renders no frames"]),
@@ -118,8 +141,18 @@ def test_bad_input_torchcompile(flags, words, log_dir):
 
 
 @pytest.mark.parametrize("name", ["dqn_atari_envpool", "dqn_atari_envpool_torchcompile"])
-@pytest.mark.parametrize("field,value", [("gamma", 0.0), ("tau", 2.0), ("learning_rate", -1.0), ("buffer_size", 0),
-                                         ("end_e", 1.5), ("train_frequency", 0), ("learning_starts", -1)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("gamma", 0.0),
+        ("tau", 2.0),
+        ("learning_rate", -1.0),
+        ("buffer_size", 0),
+        ("end_e", 1.5),
+        ("train_frequency", 0),
+        ("learning_starts", -1),
+    ],
+)
 def test_check_args_names_the_flag(name, field, value, capsys):
     module = load_script(name)
     with pytest.raises(SystemExit) as e:
