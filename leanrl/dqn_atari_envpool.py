@@ -237,8 +237,7 @@ def main(args: Args):
         optimizer.load_state_dict(ckpt["optimizer"])
         torch.set_rng_state(ckpt["torch_rng"])
         rng.bit_generator.state = ckpt["np_rng"]
-        episodes.load(ckpt["episodes"])
-        episodes.ret[:] = 0  # envpool cannot snapshot a game: the one in flight is lost
+        episodes.load(ckpt["episodes"], restart=True)  # envpool cannot snapshot a game: the one in flight is lost
         global_step = ckpt["global_step"]
     learn_after = global_step + args.learning_starts  # after a resume: refill the buffer first
     obs, _ = env.reset()

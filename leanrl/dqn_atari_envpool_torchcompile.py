@@ -325,8 +325,7 @@ def main(args: Args):
         target_network.load_state_dict(ckpt["target_network"])
         optimizer.load_state_dict(ckpt["optimizer"])
         rng.set_state(ckpt["rng"])
-        episodes.load(ckpt["episodes"])
-        episodes.ret[:] = 0  # envpool cannot snapshot a game: the one in flight is lost
+        episodes.load(ckpt["episodes"], restart=True)  # envpool cannot snapshot a game: the one in flight is lost
         global_step = ckpt["global_step"]
     learn_after = global_step + args.learning_starts  # after a resume: refill the buffer first
     obs, _ = env.reset()

@@ -312,8 +312,8 @@ def main(args: Args):
         rb.pos = ckpt["buffer_pos"]
         rb.full = ckpt["buffer_full"]
         rng.set_state(ckpt["rng"])
-        episodes.load(ckpt["episodes"])
-        episodes.ret[:] = 0  # the env restarts with a fresh seed: the episode in flight is lost
+        # the env restarts with a fresh seed: the episode in flight is lost
+        episodes.load(ckpt["episodes"], restart=True)
         global_step = ckpt["global_step"]
     obs, _ = env.reset(seed=args.seed + global_step)
 
@@ -345,7 +345,7 @@ def main(args: Args):
             next_obs, reward, terminated, truncated, _ = env.step(action)
             t_env += time.perf_counter() - t1
             t_policy += t1 - t0
-            episodes.record(reward, np.array([terminated or truncated]))
+            episodes.record_one(reward, terminated or truncated)
             # the transition keeps the true last obs: a truncated episode still bootstraps from it (CleanRL's rule)
             rb.add(obs, next_obs, action, reward, float(terminated))
             obs = env.reset()[0] if terminated or truncated else next_obs

@@ -222,14 +222,23 @@ class Episodes:
             self.finished.extend(self.ret[ids[done]].tolist())
             self.ret[ids[done]] = 0
 
+    def record_one(self, reward: float, done: bool):
+        """`record` for one env stepped alone (the off-policy loops): plain numbers, none of numpy's per-call cost."""
+        self.ret[0] += reward
+        if done:
+            self.finished.append(float(self.ret[0]))
+            self.ret[0] = 0
+
     def mean(self) -> Optional[float]:
         return float(np.mean(self.finished)) if self.finished else None
 
     def state(self) -> dict:
         return dict(ret=torch.as_tensor(self.ret), finished=torch.tensor(list(self.finished), dtype=torch.float64))
 
-    def load(self, state: dict):
-        self.ret = state["ret"].numpy().copy()
+    def load(self, state: dict, restart: bool = False):
+        """The state of `state()`; `restart`: the envs could not be saved and start new episodes, so the returns of the
+        episodes in flight are dropped."""
+        self.ret = np.zeros_like(self.ret) if restart else state["ret"].numpy().copy()
         self.finished.extend(state["finished"].tolist())
 
 

@@ -283,8 +283,7 @@ def main(args: Args):
         normalizer.load_state_dict(ckpt["normalizer"])
         torch.set_rng_state(ckpt["torch_rng"])
         rng.bit_generator.state = ckpt["np_rng"]
-        episodes.load(ckpt["episodes"])
-        episodes.ret[:] = 0  # the envs start new episodes
+        episodes.load(ckpt["episodes"], restart=True)  # the envs start new episodes
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
     next_obs, _ = envs.reset()

@@ -451,8 +451,7 @@ def main(args: Args):
         optimizer.load_state_dict(ckpt["optimizer"])
         normalizer.load_state_dict(ckpt["normalizer"])
         rng.set_state(ckpt["rng"])
-        episodes.load(ckpt["episodes"])
-        episodes.ret[:] = 0  # the envs start new episodes
+        episodes.load(ckpt["episodes"], restart=True)  # the envs start new episodes
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
 

@@ -207,6 +207,20 @@ def test_episodes_match_a_reference_and_resume():
     assert plumbing.Episodes(2).mean() is None
 
 
+def test_one_env_recorded_alone_matches_the_reference_and_restart_drops_the_episode_in_flight():
+    rng = np.random.default_rng(2)
+    rewards = rng.normal(size=(400, 1))
+    dones = rng.random((400, 1)) < 0.05
+    episodes = plumbing.Episodes(1)
+    for reward, done in zip(rewards, dones):
+        episodes.record_one(float(reward[0]), bool(done[0]))
+    assert np.allclose(list(episodes.finished), reference_returns(rewards, dones, 20))
+    episodes.record_one(5.0, False)
+    restarted = plumbing.Episodes(1)
+    restarted.load(episodes.state(), restart=True)
+    assert list(restarted.ret) == [0.0] and list(restarted.finished) == list(episodes.finished)
+
+
 def test_episodes_of_a_pool_add_to_its_own_envs():
     """A pool of envs 2 and 3 of 4 (envpool's ids within the pool, offset by its first env)."""
     rng = np.random.default_rng(1)
