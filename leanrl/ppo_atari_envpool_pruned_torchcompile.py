@@ -156,9 +156,11 @@ def check_env_id(env_id: str):
 def check_args(args: Args) -> Optional[dict]:
     """Every flag against its meaning, before any work: a user mistake ends the run here with one line. Returns the
     checkpoint to resume from, if any."""
+
     def need(ok: bool, name: str, what: str):
         if not ok:
             fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
+
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
         need(getattr(args, name) > 0, name, "positive")
     for name in ("learning_rate", "clip_coef", "max_grad_norm"):
@@ -172,8 +174,10 @@ def check_args(args: Args) -> Optional[dict]:
     need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
-             f"(num_envs x num_steps); pick a divisor of {batch_size}")
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
+            f"(num_envs x num_steps); pick a divisor of {batch_size}"
+        )
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     if args.capture_video:
@@ -203,8 +207,9 @@ def check_log_dir(args: Args):
 def make_envs(args: Args, seed: int):
     # CleanRL's settings: 84x84 grey frames, 4 stacked, frameskip 4; a lost life ends the (training) episode and
     # rewards are clipped to their sign. The real game score comes back unclipped in info["reward"].
-    return envpool.make(args.env_id, env_type="gym", num_envs=args.num_envs, episodic_life=True, reward_clip=True,
-                        seed=seed)
+    return envpool.make(
+        args.env_id, env_type="gym", num_envs=args.num_envs, episodic_life=True, reward_clip=True, seed=seed
+    )
 
 
 class EpisodeStats:
@@ -342,7 +347,9 @@ def update(agent: Agent, optimizer, args: Args, obs, actions, logprobs, advantag
 
     if args.norm_adv:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    pg_loss = torch.max(
+        -advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    ).mean()
     if args.clip_vloss:
         v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
         v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
@@ -389,9 +396,14 @@ def make_pruner(agent: Agent, example: tuple, args: Args, rng: torch.Generator):
         return imp.masked_fill(dead.to(imp.device), -float("inf"))
 
     importance = dict(magnitude=tp.importance.MagnitudeImportance(p=2), random=random)[args.prune_importance]
-    return tp.pruner.BasePruner(agent, example, importance=masked_first if args.prune_mode == "mask" else importance,
-                                pruning_ratio=args.prune_ratio, iterative_steps=args.prune_steps,
-                                ignored_layers=[agent.actor, agent.critic])
+    return tp.pruner.BasePruner(
+        agent,
+        example,
+        importance=masked_first if args.prune_mode == "mask" else importance,
+        pruning_ratio=args.prune_ratio,
+        iterative_steps=args.prune_steps,
+        ignored_layers=[agent.actor, agent.critic],
+    )
 
 
 @torch.no_grad()
@@ -402,8 +414,11 @@ def prune_step(pruner, optimizer, structural: bool) -> dict:
     for group in pruner.step(interactive=True):
         # (layer, dim, indices): dim 0 for a layer's output channels (weight rows, bias), 1 for its inputs (after
         # the flatten, Torch-Pruning has already expanded a channel into its 7x7 input columns)
-        cuts = [(dep.target.module, 0 if pruner.DG.is_out_channel_pruning_fn(dep.handler) else 1, idxs)
-                for dep, idxs in group if isinstance(dep.target.module, (nn.Linear, nn.Conv2d))]
+        cuts = [
+            (dep.target.module, 0 if pruner.DG.is_out_channel_pruning_fn(dep.handler) else 1, idxs)
+            for dep, idxs in group
+            if isinstance(dep.target.module, (nn.Linear, nn.Conv2d))
+        ]
         if not structural:
             for layer, dim, idxs in cuts:
                 for name in ("weight", "bias") if dim == 0 else ("weight",):
@@ -440,12 +455,20 @@ def make_units(agent: Agent, agent_inference: Agent, args: Args, device, compile
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     # lr is a tensor updated in place, so annealing never re-traces the compiled update; CUDA graphs replay the
     # Adam step with its counters on the device (capturable), which torch.compile arranges by itself
-    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(args.learning_rate, device=device), eps=1e-5,
-                                 capturable=args.cudagraphs and not args.compile)
-    u = SimpleNamespace(agent=agent, agent_inference=agent_inference, optimizer=optimizer,
-                        act=partial(policy, agent_inference),
-                        advantage=partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda),
-                        learn=partial(update, agent, optimizer, args))
+    optimizer = torch.optim.Adam(
+        agent.parameters(),
+        lr=torch.tensor(args.learning_rate, device=device),
+        eps=1e-5,
+        capturable=args.cudagraphs and not args.compile,
+    )
+    u = SimpleNamespace(
+        agent=agent,
+        agent_inference=agent_inference,
+        optimizer=optimizer,
+        act=partial(policy, agent_inference),
+        advantage=partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda),
+        learn=partial(update, agent, optimizer, args),
+    )
     if compiled:
         u.act, u.advantage, u.learn = torch.compile(u.act), torch.compile(u.advantage), torch.compile(u.learn)
     return u
@@ -513,7 +536,9 @@ def load_checkpoint(args: Args) -> dict:
         fail(f"--resume {args.resume} was written by {ckpt['script']}.py; resume it with that script")
     for key in ("env_id", "num_envs", "num_steps", "prune_mode"):
         if ckpt["args"].get(key) != getattr(args, key):
-            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
+            fail(
+                f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same"
+            )
     return ckpt
 
 
@@ -538,8 +563,10 @@ def main(args: Args):
     # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed)
     agent = Agent(envs.action_space.n, use_bf16).to(device)
-    example = (torch.zeros((1,) + envs.observation_space.shape, dtype=torch.uint8, device=device),
-               torch.zeros(1, dtype=torch.long, device=device))
+    example = (
+        torch.zeros((1,) + envs.observation_space.shape, dtype=torch.uint8, device=device),
+        torch.zeros(1, dtype=torch.long, device=device),
+    )
     pruner = make_pruner(agent, example, args, rng)  # traces the plain network, before any mask
     size_before = model_size(agent, example)
     if args.prune_mode == "mask":
@@ -554,10 +581,16 @@ def main(args: Args):
         add_cudagraphs(u)
 
     shape = (args.num_steps, args.num_envs)
-    buf = TensorDict(obs=torch.zeros(shape + envs.observation_space.shape, dtype=torch.uint8),
-                     actions=torch.zeros(shape, dtype=torch.long), logprobs=torch.zeros(shape),
-                     rewards=torch.zeros(shape), dones=torch.zeros(shape), values=torch.zeros(shape),
-                     batch_size=shape, device=device)
+    buf = TensorDict(
+        obs=torch.zeros(shape + envs.observation_space.shape, dtype=torch.uint8),
+        actions=torch.zeros(shape, dtype=torch.long),
+        logprobs=torch.zeros(shape),
+        rewards=torch.zeros(shape),
+        dones=torch.zeros(shape),
+        values=torch.zeros(shape),
+        batch_size=shape,
+        device=device,
+    )
 
     stats = EpisodeStats(args.num_envs)
     global_step, start_iteration = 0, 1
@@ -572,29 +605,56 @@ def main(args: Args):
     next_done = torch.zeros(args.num_envs, device=device)
 
     def checkpoint(iteration):
-        save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            script=script, agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args),
-            iteration=iteration,
-            global_step=global_step, rng=rng.get_state(),
-            returns=torch.tensor(list(stats.returns), dtype=torch.float64),
-            lengths=torch.tensor(list(stats.lengths), dtype=torch.float64),
-            pruning=dict(step=pruner.current_step, history=pruner.pruning_history(),
-                         initial_channels=dict(pruner._scope_initial_channels))))
+        save_checkpoint(
+            os.path.join(log_dir, "agent.pt"),
+            dict(
+                script=script,
+                agent=u.agent.state_dict(),
+                optimizer=u.optimizer.state_dict(),
+                args=asdict(args),
+                iteration=iteration,
+                global_step=global_step,
+                rng=rng.get_state(),
+                returns=torch.tensor(list(stats.returns), dtype=torch.float64),
+                lengths=torch.tensor(list(stats.lengths), dtype=torch.float64),
+                pruning=dict(
+                    step=pruner.current_step,
+                    history=pruner.pruning_history(),
+                    initial_channels=dict(pruner._scope_initial_channels),
+                ),
+            ),
+        )
 
     run = None
     if args.track:
         import wandb
 
-        run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
-                         name=os.path.basename(log_dir), dir=log_dir, save_code=True)
+        run = wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            config=vars(args),
+            name=os.path.basename(log_dir),
+            dir=log_dir,
+            save_code=True,
+        )
     metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
-    iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
+    iteration, start, iter_times, measure_from, fps, forced = (
+        start_iteration - 1,
+        time.perf_counter(),
+        [],
+        None,
+        None,
+        False,
+    )
     traced_at = start_iteration  # the units compile in this iteration, and again after a structural pruning step
     if args.compile:  # the first iteration compiles: say so, or a first run looks stuck
-        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
-                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.write(
+            "compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+            "from Inductor's on-disk cache)",
+            file=sys.stderr,
+        )
         bar.set_description("compiling")
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
@@ -620,8 +680,9 @@ def main(args: Args):
             t_rollout = time.perf_counter() - t_iter
 
             t0 = time.perf_counter()
-            buf["advantages"], buf["returns"] = u.advantage(u.agent_inference.get_value(next_obs), next_done,
-                                                          buf["rewards"], buf["values"], buf["dones"])
+            buf["advantages"], buf["returns"] = u.advantage(
+                u.agent_inference.get_value(next_obs), next_done, buf["rewards"], buf["values"], buf["dones"]
+            )
             t_gae = time.perf_counter() - t0
 
             t0 = time.perf_counter()
@@ -631,8 +692,11 @@ def main(args: Args):
                 for mb_inds in torch.randperm(args.batch_size, device=device, generator=rng).split(args.minibatch_size):
                     mb = flat[mb_inds]
                     # clone: CUDA graphs hand back the same output buffer at every replay
-                    losses.append(u.learn(mb["obs"], mb["actions"], mb["logprobs"], mb["advantages"], mb["returns"],
-                                        mb["values"]).clone())
+                    losses.append(
+                        u.learn(
+                            mb["obs"], mb["actions"], mb["logprobs"], mb["advantages"], mb["returns"], mb["values"]
+                        ).clone()
+                    )
                 if args.target_kl is not None and losses[-1][0] > args.target_kl:
                     break
             losses = torch.stack(losses).mean(0).tolist()  # the iteration's one host sync
@@ -646,11 +710,21 @@ def main(args: Args):
             fps = None
             if measure_from and global_step > measure_from[1]:
                 fps = (global_step - measure_from[1]) / (now - measure_from[0])
-            row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
-                       episodic_return=stats.mean_return(), episodic_length=stats.mean_length(),
-                       t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
-                       t_gae=t_gae, t_update=t_update, lr=u.optimizer.param_groups[0]["lr"].item(),
-                       **dict(zip(STAT_NAMES, losses)))
+            row = dict(
+                iteration=iteration,
+                global_step=global_step,
+                time=now - start,
+                fps=fps,
+                episodic_return=stats.mean_return(),
+                episodic_length=stats.mean_length(),
+                t_rollout=t_rollout,
+                t_env=t_env,
+                t_policy=t_policy,
+                t_gae=t_gae,
+                t_update=t_update,
+                lr=u.optimizer.param_groups[0]["lr"].item(),
+                **dict(zip(STAT_NAMES, losses)),
+            )
             metrics.write(json.dumps(row) + "\n")
             if run:
                 run.log(row, step=global_step)
@@ -670,25 +744,42 @@ def main(args: Args):
     if args.save_model and not forced and iteration >= start_iteration:
         checkpoint(iteration)
 
-    steady = iter_times[args.measure_burnin:]
+    steady = iter_times[args.measure_burnin :]
     size_after = model_size(agent, example)
-    summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
-                   num_threads=torch.get_num_threads(), bf16=use_bf16, total_timesteps=args.total_timesteps,
-                   global_step=global_step, wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
-                   final_return=stats.mean_return(),
-                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   interrupted=stop.set, prune_steps_done=pruner.current_step,
-                   prune_sparsity=1 - size_after["live"] / size_before["live"],
-                   **{f"prune_{k}_{when}": size[k] for k in ("params", "macs", "bytes")
-                      for when, size in (("before", size_before), ("after", size_after))})
+    summary = dict(
+        script=script,
+        env_id=args.env_id,
+        seed=args.seed,
+        flags=asdict(args),
+        **machine_info(device),
+        num_threads=torch.get_num_threads(),
+        bf16=use_bf16,
+        total_timesteps=args.total_timesteps,
+        global_step=global_step,
+        wall_time=time.perf_counter() - start,
+        fps=fps if measure_from else None,
+        final_return=stats.mean_return(),
+        compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
+        interrupted=stop.set,
+        prune_steps_done=pruner.current_step,
+        prune_sparsity=1 - size_after["live"] / size_before["live"],
+        **{
+            f"prune_{k}_{when}": size[k]
+            for k in ("params", "macs", "bytes")
+            for when, size in (("before", size_before), ("after", size_after))
+        },
+    )
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     if run:
         run.summary.update(summary)
         run.finish()
-    print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
-          f"return {summary['final_return']}, parameters {size_before['params']} -> {size_after['params']}, "
-          f"logs in {log_dir}", file=sys.stderr)
+    print(
+        f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
+        f"return {summary['final_return']}, parameters {size_before['params']} -> {size_after['params']}, "
+        f"logs in {log_dir}",
+        file=sys.stderr,
+    )
     if stop.set:
         sys.exit(130)
 

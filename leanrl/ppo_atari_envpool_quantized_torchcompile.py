@@ -153,9 +153,11 @@ def check_env_id(env_id: str):
 def check_args(args: Args) -> Optional[dict]:
     """Every flag against its meaning, before any work: a user mistake ends the run here with one line. Returns the
     checkpoint to resume from, if any."""
+
     def need(ok: bool, name: str, what: str):
         if not ok:
             fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
+
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
         need(getattr(args, name) > 0, name, "positive")
     for name in ("learning_rate", "clip_coef", "max_grad_norm"):
@@ -169,8 +171,10 @@ def check_args(args: Args) -> Optional[dict]:
     need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
-             f"(num_envs x num_steps); pick a divisor of {batch_size}")
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
+            f"(num_envs x num_steps); pick a divisor of {batch_size}"
+        )
     if args.total_timesteps < batch_size:
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     if args.capture_video:
@@ -198,8 +202,9 @@ def check_log_dir(args: Args):
 def make_envs(args: Args, seed: int):
     # CleanRL's settings: 84x84 grey frames, 4 stacked, frameskip 4; a lost life ends the (training) episode and
     # rewards are clipped to their sign. The real game score comes back unclipped in info["reward"].
-    return envpool.make(args.env_id, env_type="gym", num_envs=args.num_envs, episodic_life=True, reward_clip=True,
-                        seed=seed)
+    return envpool.make(
+        args.env_id, env_type="gym", num_envs=args.num_envs, episodic_life=True, reward_clip=True, seed=seed
+    )
 
 
 class EpisodeStats:
@@ -286,8 +291,9 @@ def inference_copy(agent: Agent) -> Agent:
 warnings.filterwarnings("ignore", message=r"(?s).*(torch\.ao\.quantization is deprecated|quantized tensor creation)")
 # activations per tensor, ranges from the calibration batch (min/max: as close to fp32 as the histogram observer
 # here at a third of its cost); 7 bits keep fbgemm's int16 accumulation from saturating on CPUs without VNNI
-INT8_QCONFIG = tq.QConfig(activation=tq.MinMaxObserver.with_args(quant_min=0, quant_max=127),
-                          weight=tq.default_per_channel_weight_observer)
+INT8_QCONFIG = tq.QConfig(
+    activation=tq.MinMaxObserver.with_args(quant_min=0, quant_max=127), weight=tq.default_per_channel_weight_observer
+)
 
 
 def quantize_policy(agent: Agent, obs, method: str, calib_obs=None) -> Agent:
@@ -410,7 +416,9 @@ def update(agent: Agent, optimizer, args: Args, obs, actions, logprobs, advantag
 
     if args.norm_adv:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    pg_loss = torch.max(
+        -advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    ).mean()
     if args.clip_vloss:
         v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
         v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
@@ -432,12 +440,21 @@ def make_units(agent: Agent, agent_inference: Agent, args: Args, device, compile
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     # lr is a tensor updated in place, so annealing never re-traces the compiled update; CUDA graphs replay the
     # Adam step with its counters on the device (capturable), which torch.compile arranges by itself
-    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(args.learning_rate, device=device), eps=1e-5,
-                                 capturable=args.cudagraphs and not args.compile)
+    optimizer = torch.optim.Adam(
+        agent.parameters(),
+        lr=torch.tensor(args.learning_rate, device=device),
+        eps=1e-5,
+        capturable=args.cudagraphs and not args.compile,
+    )
     # the policy step takes the copy that acts as an argument: a rebuilt copy changes no code
-    u = SimpleNamespace(agent=agent, agent_inference=agent_inference, optimizer=optimizer, act=policy,
-                        advantage=partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda),
-                        learn=partial(update, agent, optimizer, args))
+    u = SimpleNamespace(
+        agent=agent,
+        agent_inference=agent_inference,
+        optimizer=optimizer,
+        act=policy,
+        advantage=partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda),
+        learn=partial(update, agent, optimizer, args),
+    )
     if compiled:
         u.advantage, u.learn = torch.compile(u.advantage), torch.compile(u.learn)
         # on a CPU the policy step stays eager: int8 modules run prepacked kernels eagerly; a compiled bf16 step ran
@@ -455,8 +472,10 @@ def add_cudagraphs(u):
 STAT_NAMES = ("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
 
 
-QUANT_METHODS = dict(int8="int8 trunk (eager static quantization, x86 engine: fbgemm/oneDNN VNNI kernels), fp32 heads",
-                     bf16="bf16 trunk weights (oneDNN AVX512-BF16/AMX or CUDA convolutions and GEMM), fp32 heads")
+QUANT_METHODS = dict(
+    int8="int8 trunk (eager static quantization, x86 engine: fbgemm/oneDNN VNNI kernels), fp32 heads",
+    bf16="bf16 trunk weights (oneDNN AVX512-BF16/AMX or CUDA convolutions and GEMM), fp32 heads",
+)
 
 
 def resolve_quant_method(args: Args, device: torch.device):
@@ -525,7 +544,9 @@ def load_checkpoint(args: Args) -> dict:
         fail(f"--resume {args.resume} was written by {ckpt['script']}.py; resume it with that script")
     for key in ("env_id", "num_envs", "num_steps"):
         if ckpt["args"].get(key) != getattr(args, key):
-            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same")
+            fail(
+                f"--resume {args.resume} was trained with --{key.replace('_', '-')} {ckpt['args'][key]}; pass the same"
+            )
     return ckpt
 
 
@@ -556,10 +577,16 @@ def main(args: Args):
         add_cudagraphs(u)
 
     shape = (args.num_steps, args.num_envs)
-    buf = TensorDict(obs=torch.zeros(shape + envs.observation_space.shape, dtype=torch.uint8),
-                     actions=torch.zeros(shape, dtype=torch.long), logprobs=torch.zeros(shape),
-                     rewards=torch.zeros(shape), dones=torch.zeros(shape), values=torch.zeros(shape),
-                     batch_size=shape, device=device)
+    buf = TensorDict(
+        obs=torch.zeros(shape + envs.observation_space.shape, dtype=torch.uint8),
+        actions=torch.zeros(shape, dtype=torch.long),
+        logprobs=torch.zeros(shape),
+        rewards=torch.zeros(shape),
+        dones=torch.zeros(shape),
+        values=torch.zeros(shape),
+        batch_size=shape,
+        device=device,
+    )
 
     stats = EpisodeStats(args.num_envs)
     global_step, start_iteration = 0, 1
@@ -574,27 +601,51 @@ def main(args: Args):
     next_done = torch.zeros(args.num_envs, device=device)
 
     def checkpoint(iteration):
-        save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            script=script, agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args),
-            iteration=iteration,
-            global_step=global_step, rng=rng.get_state(),
-            returns=torch.tensor(list(stats.returns), dtype=torch.float64),
-            lengths=torch.tensor(list(stats.lengths), dtype=torch.float64)))
+        save_checkpoint(
+            os.path.join(log_dir, "agent.pt"),
+            dict(
+                script=script,
+                agent=u.agent.state_dict(),
+                optimizer=u.optimizer.state_dict(),
+                args=asdict(args),
+                iteration=iteration,
+                global_step=global_step,
+                rng=rng.get_state(),
+                returns=torch.tensor(list(stats.returns), dtype=torch.float64),
+                lengths=torch.tensor(list(stats.lengths), dtype=torch.float64),
+            ),
+        )
 
     run = None
     if args.track:
         import wandb
 
-        run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
-                         name=os.path.basename(log_dir), dir=log_dir, save_code=True)
+        run = wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            config=vars(args),
+            name=os.path.basename(log_dir),
+            dir=log_dir,
+            save_code=True,
+        )
     requant = Requantizer(u.agent, args.quant_method, args.quant_every, args.quant_async)
     metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
     stop = StopFlag()
     bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
-    iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
+    iteration, start, iter_times, measure_from, fps, forced = (
+        start_iteration - 1,
+        time.perf_counter(),
+        [],
+        None,
+        None,
+        False,
+    )
     if args.compile:  # the first iteration compiles: say so, or a first run looks stuck
-        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
-                  "from Inductor's on-disk cache)", file=sys.stderr)
+        bar.write(
+            "compiling the units on their first call (a minute or more on a cold cache; later runs load them "
+            "from Inductor's on-disk cache)",
+            file=sys.stderr,
+        )
         bar.set_description("compiling")
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
@@ -606,16 +657,18 @@ def main(args: Args):
             t_swap = requant.refresh(iteration - start_iteration, next_obs, buf["obs"])
             qagent = requant.current  # the policy that acts in this rollout: its log-probs and values are stored
             gumbel = -torch.empty(shape + (envs.action_space.n,), device=device).exponential_(generator=rng).log()
-            next_obs, next_done, t_env, t_policy = rollout(envs, partial(u.act, qagent), next_obs, next_done, buf,
-                                                           stats, gumbel)
+            next_obs, next_done, t_env, t_policy = rollout(
+                envs, partial(u.act, qagent), next_obs, next_done, buf, stats, gumbel
+            )
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
 
             t0 = time.perf_counter()
             # values from the acting copy's critic, free with its step: fp32 values cost a trunk forward (~10% of an
             # iteration, more than int8 saves) and ended Breakout at 400k not significantly higher (9.4 vs 8.2, 3 seeds)
-            buf["advantages"], buf["returns"] = u.advantage(qagent.get_value(next_obs), next_done,
-                                                          buf["rewards"], buf["values"], buf["dones"])
+            buf["advantages"], buf["returns"] = u.advantage(
+                qagent.get_value(next_obs), next_done, buf["rewards"], buf["values"], buf["dones"]
+            )
             t_gae = time.perf_counter() - t0
 
             t0 = time.perf_counter()
@@ -625,8 +678,11 @@ def main(args: Args):
                 for mb_inds in torch.randperm(args.batch_size, device=device, generator=rng).split(args.minibatch_size):
                     mb = flat[mb_inds]
                     # clone: CUDA graphs hand back the same output buffer at every replay
-                    losses.append(u.learn(mb["obs"], mb["actions"], mb["logprobs"], mb["advantages"], mb["returns"],
-                                        mb["values"]).clone())
+                    losses.append(
+                        u.learn(
+                            mb["obs"], mb["actions"], mb["logprobs"], mb["advantages"], mb["returns"], mb["values"]
+                        ).clone()
+                    )
                 if args.target_kl is not None and losses[-1][0] > args.target_kl:
                     break
             losses = torch.stack(losses).mean(0).tolist()  # the iteration's one host sync
@@ -640,12 +696,23 @@ def main(args: Args):
             fps = None
             if measure_from and global_step > measure_from[1]:
                 fps = (global_step - measure_from[1]) / (now - measure_from[0])
-            row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
-                       episodic_return=stats.mean_return(), episodic_length=stats.mean_length(),
-                       t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
-                       t_gae=t_gae, t_update=t_update, t_quant=requant.t_quant, t_swap=t_swap,
-                       lr=u.optimizer.param_groups[0]["lr"].item(),
-                       **dict(zip(STAT_NAMES, losses)))
+            row = dict(
+                iteration=iteration,
+                global_step=global_step,
+                time=now - start,
+                fps=fps,
+                episodic_return=stats.mean_return(),
+                episodic_length=stats.mean_length(),
+                t_rollout=t_rollout,
+                t_env=t_env,
+                t_policy=t_policy,
+                t_gae=t_gae,
+                t_update=t_update,
+                t_quant=requant.t_quant,
+                t_swap=t_swap,
+                lr=u.optimizer.param_groups[0]["lr"].item(),
+                **dict(zip(STAT_NAMES, losses)),
+            )
             metrics.write(json.dumps(row) + "\n")
             if run:
                 run.log(row, step=global_step)
@@ -670,25 +737,44 @@ def main(args: Args):
     gumbel = -torch.empty(args.num_envs, u.agent.actor.out_features, device=device).exponential_().log()
     latency_fp32 = forward_latency(partial(policy, u.agent_inference), next_obs, gumbel)
     latency_quant = forward_latency(partial(policy, requant.current), next_obs, gumbel)
-    quant = dict(quant_method=QUANT_METHODS[args.quant_method],
-                 quant_every=args.quant_every, quant_async=args.quant_async,
-                 policy_bytes_fp32=policy_bytes(u.agent), policy_bytes_quant=policy_bytes(requant.current),
-                 policy_latency_fp32_us=latency_fp32 * 1e6, policy_latency_quant_us=latency_quant * 1e6)
+    quant = dict(
+        quant_method=QUANT_METHODS[args.quant_method],
+        quant_every=args.quant_every,
+        quant_async=args.quant_async,
+        policy_bytes_fp32=policy_bytes(u.agent),
+        policy_bytes_quant=policy_bytes(requant.current),
+        policy_latency_fp32_us=latency_fp32 * 1e6,
+        policy_latency_quant_us=latency_quant * 1e6,
+    )
 
-    steady = iter_times[args.measure_burnin:]
-    summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
-                   num_threads=torch.get_num_threads(), bf16=use_bf16, total_timesteps=args.total_timesteps,
-                   global_step=global_step, wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
-                   final_return=stats.mean_return(),
-                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   interrupted=stop.set, **quant)
+    steady = iter_times[args.measure_burnin :]
+    summary = dict(
+        script=script,
+        env_id=args.env_id,
+        seed=args.seed,
+        flags=asdict(args),
+        **machine_info(device),
+        num_threads=torch.get_num_threads(),
+        bf16=use_bf16,
+        total_timesteps=args.total_timesteps,
+        global_step=global_step,
+        wall_time=time.perf_counter() - start,
+        fps=fps if measure_from else None,
+        final_return=stats.mean_return(),
+        compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
+        interrupted=stop.set,
+        **quant,
+    )
     with open(os.path.join(log_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     if run:
         run.summary.update(summary)
         run.finish()
-    print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
-          f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
+    print(
+        f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
+        f"return {summary['final_return']}, logs in {log_dir}",
+        file=sys.stderr,
+    )
     if stop.set:
         sys.exit(130)
 

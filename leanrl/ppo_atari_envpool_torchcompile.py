@@ -290,12 +290,14 @@ def gae(next_value, next_done, rewards, values, dones, gamma: float, gae_lambda:
     """Generalized advantage estimation, CleanRL's recursion; compiled it fuses into one loop."""
     advantages = torch.empty_like(rewards)
     lastgaelam = torch.zeros_like(next_value)
-    nextnonterminal, nextvalues = 1.0 - next_done, next_value
+    nextnonterminal = 1.0 - next_done
+    nextvalues = next_value
     for t in range(rewards.shape[0] - 1, -1, -1):
         delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
         lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
         advantages[t] = lastgaelam
-        nextnonterminal, nextvalues = 1.0 - dones[t], values[t]
+        nextnonterminal = 1.0 - dones[t]
+        nextvalues = values[t]
     return advantages, advantages + values
 
 

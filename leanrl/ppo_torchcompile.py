@@ -166,7 +166,9 @@ def env_state(envs) -> list:
 
 def set_env_state(envs, states: list):
     for (u, limit), s in zip(map(env_parts, envs.envs), states):
-        u.state, u.np_random.bit_generator.state, limit._elapsed_steps = s["state"].numpy(), s["rng"], s["elapsed"]
+        u.state = s["state"].numpy()
+        u.np_random.bit_generator.state = s["rng"]
+        limit._elapsed_steps = s["elapsed"]
         if hasattr(u, "steps_beyond_terminated"):
             u.steps_beyond_terminated = s["beyond"]
 
@@ -225,21 +227,28 @@ def refresh(acting: nn.Module, learner: nn.Module):
 def rollout(envs, policy, act_device, next_obs, next_done, buf, episodes, n_actions: int, rng: torch.Generator):
     """num_steps steps of every env into `buf`, acting on `act_device`; returns the last obs/done (numpy) and the time
     split. The env's outputs and the actions are staged in numpy and reach `buf` in one copy per iteration each."""
-    num_steps, device = buf["obs"].shape[0], buf["obs"].device
+    num_steps = buf["obs"].shape[0]
+    device = buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
-    dones, rewards = np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
-    actions, t_env, t_policy = np.empty(buf["actions"].shape, np.int64), 0.0, 0.0
+    dones = np.empty(buf["dones"].shape, np.float32)
+    rewards = np.empty(buf["rewards"].shape, np.float32)
+    actions = np.empty(buf["actions"].shape, np.int64)
+    t_env = 0.0
+    t_policy = 0.0
     # one draw per rollout from the loop's generator, brought to where the policy acts in one transfer
     gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()
     gumbel = gumbel.to(act_device)
     for step in range(num_steps):
-        obs[step], dones[step] = next_obs, next_done
+        obs[step] = next_obs
+        dones[step] = next_done
         t0 = time.perf_counter()
         actions[step] = policy(torch.from_numpy(next_obs).to(act_device, non_blocking=True), gumbel[step]).cpu().numpy()
         t1 = time.perf_counter()
         next_obs, reward, terminations, truncations, _ = envs.step(actions[step])
-        t_env, t_policy = t_env + time.perf_counter() - t1, t_policy + t1 - t0
-        next_done, rewards[step] = terminations | truncations, reward
+        t_env += time.perf_counter() - t1
+        t_policy += t1 - t0
+        next_done = terminations | truncations
+        rewards[step] = reward
         episodes.record(reward, next_done)
     for key, x in (("obs", obs), ("actions", actions), ("dones", dones), ("rewards", rewards)):
         buf[key].copy_(torch.from_numpy(x), non_blocking=True)
@@ -248,13 +257,16 @@ def rollout(envs, policy, act_device, next_obs, next_done, buf, episodes, n_acti
 
 def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda: float):
     """Generalized advantage estimation, CleanRL's recursion; compiled it fuses into one loop."""
-    advantages, lastgaelam = torch.empty_like(rewards), torch.zeros_like(next_value)
-    nextnonterminal, nextvalues = 1.0 - next_done, next_value
+    advantages = torch.empty_like(rewards)
+    lastgaelam = torch.zeros_like(next_value)
+    nextnonterminal = 1.0 - next_done
+    nextvalues = next_value
     for t in range(rewards.shape[0] - 1, -1, -1):
         delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
         lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
         advantages[t] = lastgaelam
-        nextnonterminal, nextvalues = 1.0 - dones[t], values[t]
+        nextnonterminal = 1.0 - dones[t]
+        nextvalues = values[t]
     return advantages, advantages + values
 
 
@@ -290,10 +302,10 @@ def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, retur
     plist = list(agent.parameters())
     for p, name in zip(plist, params):
         p.grad = grads[name]
-    grad_norm = nn.utils.clip_grad_norm_(
-        plist, args.max_grad_norm, foreach=False
-    )  # per-tensor norms fuse; foreach does not
-    state, group = [optimizer.state[p] for p in plist], optimizer.param_groups[0]
+    # per-tensor norms fuse; foreach does not
+    grad_norm = nn.utils.clip_grad_norm_(plist, args.max_grad_norm, foreach=False)
+    state = [optimizer.state[p] for p in plist]
+    group = optimizer.param_groups[0]
     with torch.no_grad():
         adam(
             plist,
