@@ -35,7 +35,9 @@ RUNS = [
     (CLASSIC, SOON + ("--prune-steps", "1", "--compile", "--cudagraphs")),  # traced, pruned, traced again
     (CLASSIC, SOON + ("--prune-steps", "2", "--save-model")),
     (CLASSIC, SOON + ("--prune-steps", "2", "--prune-mode", "mask", "--prune-importance", "random")),
-    (ATARI, SOON + ("--prune-steps", "1")),  # compiled: the classic run shows the re-trace; a CNN compile costs ~40 s
+    # eager: the classic run shows the re-trace (a CNN compile costs ~40 s); two env pools, each acting with the copy
+    # that takes the pruned shapes
+    (ATARI, SOON + ("--prune-steps", "1", "--split-envs", "--num-envs", "2", "--num-steps", "32")),
     (ATARI, SOON + ("--prune-steps", "2", "--prune-mode", "mask")),
 ]
 
@@ -86,6 +88,8 @@ def test_smoke_prunes_and_reports_sizes(smoke, script, flags):
     assert summary["prune_sparsity"] == pytest.approx(1 - after / before)
     if "--cudagraphs" in flags:
         assert "--cudagraphs ignored" in proc.stderr
+    if script == ATARI:
+        assert summary["flags"]["split_envs"] == ("--split-envs" in flags or torch.cuda.is_available())
 
 
 def test_resume_after_pruning(smoke, tmp_path):
@@ -196,13 +200,9 @@ def test_pruning_step_equals_zeroing_the_removed_units(family, importance):
     for p in agent.parameters():  # moments with recognizable values
         optimizer.state[p] = dict(step=torch.tensor(7.0), exp_avg=torch.randn_like(p), exp_avg_sq=torch.rand_like(p))
     old_moments = {name: optimizer.state[p] for name, p in agent.named_parameters()}
-    moments = m.prune_step(pruner, optimizer, structural=True)
-    if moments is None:  # the classic script cuts the optimizer's state in place and points it at the new Parameters
-        new_optimizer = optimizer
-    else:  # the Atari script hands back the cut moments for the optimizer it builds after a step
-        new_optimizer = torch.optim.Adam(agent.parameters())
-        new_optimizer.state.update(moments)
-    assert [id(p) for p in new_optimizer.param_groups[0]["params"]] == [id(p) for p in agent.parameters()]
+    # both scripts cut the optimizer's state in place and point it at the new Parameters
+    assert m.prune_step(pruner, optimizer, structural=True) is None
+    assert [id(p) for p in optimizer.param_groups[0]["params"]] == [id(p) for p in agent.parameters()]
 
     names = {layer: name for name, layer in agent.named_modules()}
     for (layers, heads, spread), (ref_layers, ref_heads, _), (zero_layers, _, _) in zip(
@@ -225,14 +225,14 @@ def test_pruning_step_equals_zeroing_the_removed_units(family, importance):
                 kept = torch.arange(n)
             for pname in ("weight", "bias"):
                 p = getattr(layer, pname)
-                state, old_state = new_optimizer.state[p], old_moments[f"{names[layer]}.{pname}"]
+                state, old_state = optimizer.state[p], old_moments[f"{names[layer]}.{pname}"]
                 assert state["step"] == 7.0
                 for key in ("exp_avg", "exp_avg_sq"):
                     want = old_state[key][kept][:, kept_in] if pname == "weight" else old_state[key][kept]
                     assert state[key].shape == p.shape and torch.equal(state[key], want)
             if i < len(layers):
                 kept_in = (kept[:, None] * spread[i] + torch.arange(spread[i])).flatten()
-    assert set(new_optimizer.state) == set(agent.parameters())
+    assert set(optimizer.state) == set(agent.parameters())
     for got, want in zip(outputs(agent, example), outputs(zeroed, example)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(outputs(agent, example)[2], outputs(reference, example)[2])  # the cut did change it

@@ -15,13 +15,13 @@ from conftest import assert_rejected, read_metrics, read_summary, run_ids, run_s
 
 CLASSIC, ATARI = "ppo_quantized_torchcompile.py", "ppo_atari_envpool_quantized_torchcompile.py"
 # (script, extra flags): each script once compiled and once eager with --cudagraphs (ignored on CPU); a third Atari
-# run acts with the bf16 copy; the classic compiled run also writes a checkpoint
+# run acts with the bf16 copy for each of two env pools; the classic compiled run also writes a checkpoint
 RUNS = [
     (CLASSIC, ("--compile", "--quant-async", "--save-model")),
     (CLASSIC, ("--cudagraphs", "--quant-every", "2")),
     (ATARI, ("--cudagraphs", "--quant-async")),
     (ATARI, ("--compile", "--quant-async")),
-    (ATARI, ("--quant-method", "bf16", "--quant-every", "2")),
+    (ATARI, ("--quant-method", "bf16", "--quant-every", "2", "--split-envs", "--num-envs", "2", "--num-steps", "32")),
 ]
 QUANT_FIELDS = (
     "quant_method",
@@ -64,6 +64,7 @@ def test_smoke(smoke, script, flags):
     assert summary["quant_async"] == ("--quant-async" in flags)
     if script == ATARI:  # auto picks int8 on this CPU
         assert summary["quant_method"].startswith("bf16" if "bf16" in flags else "int8"), summary["quant_method"]
+        assert summary["flags"]["split_envs"] == ("--split-envs" in flags or torch.cuda.is_available())
     assert 0 < summary["policy_bytes_quant"] < summary["policy_bytes_fp32"]
     assert summary["policy_latency_fp32_us"] > 0 and summary["policy_latency_quant_us"] > 0
     assert (summary["compile_time"] is not None) == ("--compile" in flags)
