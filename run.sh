@@ -11,14 +11,17 @@
 # buffer); fps counts the steps after learning starts; FULL=1: 500k and 10M with CleanRL's learning_starts.
 # SMOKE=1: every script once with the tiny smoke budget and without --compile (the tests cover the compiled paths),
 # table into $OUT/doc: what CI runs. The variants (quantized, pruned, ddp2) otherwise run with --compile.
+# teacher (not in the default sweep: its 1024 x 6 networks learn slowly on a CPU): students of 64x2, 128x2 and 256x4
+# acting beside a 1024 x 6 teacher (ppo_teacher_student_torchcompile.py), and a 1024 x 6 network acting and learning on
+# its own (ppo_quantized_torchcompile.py, int8 acting copy), CartPole-v1 at the classic budget: `bash run.sh teacher`.
 # SEEDS (default "21 31 41"), OUT (default runs/bench, or runs/smoke), DOC (default doc, or $OUT/doc with SMOKE).
 # Re-running resumes: a run with a summary.json is not repeated. What this machine cannot run is skipped, saying so.
 set -euo pipefail
 cd "$(dirname "$0")"
 FAMILIES=${*:-classic atari mujoco sac td3 dqn dqn_atari}
 for f in $FAMILIES; do
-  case $f in classic|atari|mujoco|sac|td3|dqn|dqn_atari) ;;
-    *) echo "error: unknown family '$f' (classic, atari, mujoco, sac, td3, dqn or dqn_atari)" >&2; exit 2 ;; esac
+  case $f in classic|atari|mujoco|sac|td3|dqn|dqn_atari|teacher) ;;
+    *) echo "error: unknown family '$f' (classic, atari, mujoco, sac, td3, dqn, dqn_atari or teacher)" >&2; exit 2 ;; esac
 done
 dqn_budget() {  # family steps: DQN's budget flags (learning_starts, log lines, buffer) for a run of that many steps
   case $1 in
@@ -36,10 +39,10 @@ if [ "${SMOKE:-0}" = 1 ]; then
              *) echo --num-envs 1 --num-steps 64 --total-timesteps 256;; esac; }
 elif [ "${FULL:-0}" = 1 ]; then
   budget() { case $1 in dqn) dqn_budget dqn 500000;; dqn_atari) dqn_budget dqn_atari 10000000;;
-    *) echo --total-timesteps "$(case $1 in classic) echo 500000;; atari) echo 10000000;; *) echo 1000000;; esac)";; esac; }
+    *) echo --total-timesteps "$(case $1 in classic|teacher) echo 500000;; atari) echo 10000000;; *) echo 1000000;; esac)";; esac; }
 else
   budget() { case $1 in dqn) dqn_budget dqn "${DQN_STEPS:-30000}";; dqn_atari) dqn_budget dqn_atari "${DQN_ATARI_STEPS:-6000}";;
-    *) echo --total-timesteps "$(case $1 in classic) echo "${CLASSIC_STEPS:-200000}";; atari) echo "${ATARI_STEPS:-10240}";; mujoco) echo "${MUJOCO_STEPS:-20480}";; *) echo "${OFFPOLICY_STEPS:-8000}";; esac)"
+    *) echo --total-timesteps "$(case $1 in classic|teacher) echo "${CLASSIC_STEPS:-200000}";; atari) echo "${ATARI_STEPS:-10240}";; mujoco) echo "${MUJOCO_STEPS:-20480}";; *) echo "${OFFPOLICY_STEPS:-8000}";; esac)"
       case $1 in sac|td3) echo --learning-starts 5000;; esac;; esac; }
 fi
 OUT=${OUT:-runs/bench}; DOC=${DOC:-doc}; SEEDS=${SEEDS:-21 31 41}; COMPILE=${COMPILE---compile}
@@ -84,6 +87,17 @@ family() {  # family baseline torchcompile [quantized pruned ddp]: the configura
   done
 }
 
+teacher_family() {  # a 1024 x 6 network alone, then students of three sizes acting beside a 1024 x 6 teacher
+  local ts=leanrl/ppo_teacher_student_torchcompile.py seed
+  for seed in $SEEDS; do
+    run teacher 10-large-alone "$seed" python leanrl/ppo_quantized_torchcompile.py $COMPILE --hidden-dim 1024 \
+      --hidden-depth 6
+    run teacher 11-student-64x2 "$seed" python "$ts" $COMPILE --student-hidden-dim 64 --student-hidden-depth 2
+    run teacher 12-student-128x2 "$seed" python "$ts" $COMPILE --student-hidden-dim 128 --student-hidden-depth 2
+    run teacher 13-student-256x4 "$seed" python "$ts" $COMPILE --student-hidden-dim 256 --student-hidden-depth 4
+  done
+}
+
 start=$SECONDS
 for f in $FAMILIES; do
   case $f in
@@ -97,6 +111,7 @@ for f in $FAMILIES; do
     td3) family td3 td3_continuous_action.py td3_continuous_action_torchcompile.py ;;
     dqn) family dqn dqn.py dqn_torchcompile.py ;;
     dqn_atari) family dqn_atari dqn_atari_envpool.py dqn_atari_envpool_torchcompile.py ;;
+    teacher) teacher_family ;;
   esac
 done
 echo "== sweep took $(( (SECONDS - start) / 60 )) min" >&2

@@ -66,6 +66,26 @@ def test_report_on_synthetic_runs(tmp_path):
         assert (tmp_path / "doc" / png).stat().st_size > 0
 
 
+def test_report_shows_the_teacher_family(tmp_path):
+    """run.sh's teacher family: its speed-up is against its own first configuration (the large network alone), and
+    its detail table has the student's and the teacher's final returns."""
+    runs = tmp_path / "runs"
+    fake_run(runs / "classic/01-baseline/1", "CartPole-v1", 1000, 100, 10.0)
+    fake_run(runs / "teacher/10-large-alone/1", "CartPole-v1", 1000, 200, 30.0)
+    for seed, teacher_return in ((1, 40.0), (2, 60.0)):
+        path = runs / "teacher/11-student-64x2" / str(seed)
+        fake_run(path, "CartPole-v1", 1000, 500, 20.0)
+        summary = json.loads((path / "summary.json").read_text())
+        (path / "summary.json").write_text(json.dumps(dict(summary, teacher_return=teacher_return)))
+    proc = report(runs, tmp_path / "doc")
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "doc/fps_table.md").read_text()
+    assert "| teacher (CartPole-v1, 1,000) | not run | 200 | 500 | 2.50x (`student-64x2`) vs `large-alone` |" in text
+    student = "| `student-64x2` | 2 | 500 (500-500) | - | - (0/2 reached) | - | 20.0 ± 0.0 (n=2) | 50.0 ± 14.1 (n=2) |"
+    assert student in text
+    assert "| `large-alone` | 1 | 200 (200-200) | - | - (0/1 reached) | - | 30.0 ± 0.0 (n=1) | - |" in text
+
+
 def test_report_bad_input(tmp_path):
     assert_user_error(report(tmp_path / "missing", tmp_path / "doc"), "not a folder")
     assert_user_error(report(tmp_path, tmp_path / "doc"), "no finished runs")

@@ -57,6 +57,11 @@ class Config:
     def finals(self) -> list:
         return [s["final_return"] for s, _ in self.runs if s["final_return"] is not None]
 
+    @property
+    def teacher_finals(self) -> list:
+        """ppo_teacher_student's teacher measured acting alone at the end (final_return is the student's)."""
+        return [s["teacher_return"] for s, _ in self.runs if s.get("teacher_return") is not None]
+
 
 def load(runs: Path) -> dict:
     """{family: {configuration: Config}}, families in name order, configurations in prefix order."""
@@ -102,15 +107,22 @@ def headline(data: dict, columns: list) -> list:
             c = configs.get(column)
             cells.append("not run" if c is None else f"skipped: {c.skipped}" if c.skipped else fmt(c.median_fps))
         measured = {name: c.median_fps for name, c in configs.items() if c.median_fps and not is_env_alone(name)}
-        base = measured.get(columns[0]) if columns[0] in configs else None
+        first = next(iter(configs))  # the family's first configuration: 01-baseline, or teacher's 10-large-alone
+        base = measured.get(first)
         best = max(measured, key=measured.get, default=None)
         ceiling = next((c.median_fps for name, c in configs.items() if is_env_alone(name) and c.median_fps), None)
+        versus = f" vs `{column_name(first)}`" if first != columns[0] else ""
         cells.append(
-            (f"{measured[best] / base:.2f}x (`{column_name(best)}`)" if base and best else "-")
+            (f"{measured[best] / base:.2f}x (`{column_name(best)}`){versus}" if base and best else "-")
             + (f", {measured[best] / ceiling:.0%} of `env-alone`" if best and ceiling else "")
         )
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def mean_spread(values: list) -> str:
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.1f} ± {spread:.1f} (n={len(values)})" if values else "-"
 
 
 def returns_table(data: dict, columns: list) -> list:
@@ -119,9 +131,7 @@ def returns_table(data: dict, columns: list) -> list:
     for family, configs in data.items():
         cells = [family]
         for column in columns:
-            finals = configs[column].finals if column in configs else []
-            spread = statistics.stdev(finals) if len(finals) > 1 else 0.0
-            cells.append(f"{statistics.mean(finals):.1f} ± {spread:.1f} (n={len(finals)})" if finals else "-")
+            cells.append(mean_spread(configs[column].finals if column in configs else []))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -137,6 +147,9 @@ def detail(env_id: str, configs: dict) -> list:
     head = ["configuration", "runs", "fps (median, min-max)", "compile s (median)"]
     if threshold:
         head += [f"steps to {threshold:.0f} (median)", f"seconds to {threshold:.0f} (median)"]
+    teacher = any(c.teacher_finals for c in configs.values())
+    if teacher:
+        head += ["final return (student, or the network alone)", "teacher's final return (acting alone)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, c in configs.items():
         if c.skipped:
@@ -156,6 +169,8 @@ def detail(env_id: str, configs: dict) -> list:
                 f"{fmt(statistics.median(steps) if steps else None)} ({len(steps)}/{len(c.runs)} reached)",
                 fmt(statistics.median(secs) if secs else None, ".1f"),
             ]
+        if teacher:
+            cells += [mean_spread(c.finals), mean_spread(c.teacher_finals)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -170,7 +185,7 @@ def plot_fps(data: dict, columns: list, out: Path):
         heights = []
         labels = []
         for j, configs in enumerate(data.values()):
-            base = configs[columns[0]].median_fps if columns[0] in configs else None
+            base = next(iter(configs.values())).median_fps  # the family's first configuration
             fps = configs[column].median_fps if column in configs else None
             if base and fps:
                 xs.append(j + (i - (len(columns) - 1) / 2) * width)
@@ -196,6 +211,12 @@ def plot_returns(family: str, configs: dict, out: Path) -> str:
                 (r["global_step"], r["time"], r["episodic_return"]) for r in rows if r["episodic_return"] is not None
             ]
             kw = dict(color=f"C{i}", alpha=0.8, lw=1, label=column_name(name) if j == 0 else None)
+            axes[0].plot([p[0] for p in pts], [p[2] for p in pts], **kw)
+            axes[1].plot([p[1] for p in pts], [p[2] for p in pts], **kw)
+            # ppo_teacher_student's teacher, measured acting alone every few iterations: dashed, the student's colour
+            pts = [(r["global_step"], r["time"], r.get("teacher_return")) for r in rows]
+            pts = [p for p in pts if p[2] is not None]
+            kw = dict(kw, ls="--", label=f"{column_name(name)} (teacher)" if j == 0 and pts else None)
             axes[0].plot([p[0] for p in pts], [p[2] for p in pts], **kw)
             axes[1].plot([p[1] for p in pts], [p[2] for p in pts], **kw)
     for ax, xlabel in zip(axes, ("environment steps", "wall time (s)")):

@@ -1,0 +1,615 @@
+"""Teacher-student PPO on discrete classic control (CartPole-v1): a small network acts, a large one learns too.
+
+ppo_torchcompile.py plus one trick: a small *student* (the base's agent, `--student-hidden-dim` x
+`--student-hidden-depth`, 64 x 2 by default) steps the envs and learns exactly as in the base, while a large *teacher*
+(`--teacher-hidden-dim` x `--teacher-hidden-depth`, 1024 x 6) takes a PPO update on the very same batch, with the
+student's advantages and returns: acting costs what the small network costs while the large one learns.
+
+- `off_policy_advantages`: the student acted, so the teacher's surrogate needs the importance ratio pi_teacher /
+  pi_student. It is split in two: the part fixed at the start of the iteration, min(1, pi_teacher_old / pi_student),
+  weights the advantages (truncated at 1 as in V-trace: a step the student rarely takes cannot blow up the variance);
+  the part the update moves, pi_teacher / pi_teacher_old, is PPO's clipped ratio, so the clip bounds each step around
+  the teacher's own policy. Clipped against the student's log-probabilities instead, the teacher could never put more
+  than 1 + clip_coef times the student's probability on a good action: it could not get better than the student.
+- `update` (the base's unit, with the teacher's own Adam state): the teacher's step, compiled and graphed as the
+  student's is; its values are clipped around its own, fitted to the student's returns.
+- `play`: the teacher's quality measured, not assumed: every `--eval-every` iterations it acts alone for
+  `--eval-episodes` episodes in envs of its own (their steps are not training steps), logged as `teacher_return`.
+
+The base's tricks, each in the function that holds it (doc/classic_control.md measures each):
+
+- `act`: a rollout step only samples, argmax(logits + Gumbel noise), exact Categorical sampling without a Distribution;
+  the log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
+- `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
+- `update`: torch.func.grad and torch.optim's functional Adam, so that compiled, forward, backward, clipping and the
+  Adam step are one graph (optimizer.step() would break it).
+- `host_copy`, `refresh` (--host-actor): a CUDA learner acts through a host copy of the actor, refreshed once per
+  iteration: a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches.
+- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs);
+  lr is a tensor changed in place (no recompilation); once all has compiled the guards are skipped.
+
+    python leanrl/ppo_teacher_student_torchcompile.py --compile               # CPU or GPU
+    python leanrl/ppo_teacher_student_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the units
+"""
+
+import copy
+import functools
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+from tensordict import from_module
+from tensordict.nn import CudaGraphModule
+from torch.optim.adam import adam
+
+import plumbing
+
+SCRIPT = plumbing.script_name(__file__)
+# the teacher's update statistics in metrics.jsonl, in the order `update` returns them
+TEACHER_STATS = (
+    "teacher_approx_kl",
+    "teacher_clipfrac",
+    "teacher_pg_loss",
+    "teacher_v_loss",
+    "teacher_entropy",
+    "teacher_grad_norm",
+)
+
+
+@dataclass
+class Args:
+    exp_name: str = SCRIPT
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to capture videos of the agent performances (into `<log_dir>/videos`; needs pygame and moviepy)"""
+
+    env_id: str = "CartPole-v1"
+    """the id of the environment (discrete-action classic control)"""
+    total_timesteps: int = 500000
+    """total timesteps of the experiments"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 4
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: Optional[float] = None
+    """the target KL divergence threshold"""
+    student_hidden_dim: int = 64
+    """width of the student's (the acting agent's) actor and critic hidden layers (CleanRL: 64)"""
+    student_hidden_depth: int = 2
+    """number of hidden layers of the student's actor and of its critic (CleanRL: 2)"""
+    teacher_hidden_dim: int = 1024
+    """width of the teacher's actor and critic hidden layers"""
+    teacher_hidden_depth: int = 6
+    """number of hidden layers of the teacher's actor and of its critic"""
+    teacher_learning_rate: Optional[float] = None
+    """the teacher's learning rate, annealed as the student's with --anneal-lr (default: --learning-rate)"""
+    eval_every: int = 10
+    """measure the teacher every this many iterations (and at the first and the last): it acts alone, in its own envs"""
+    eval_episodes: int = 4
+    """episodes the teacher plays per measurement (one per env, in parallel); their steps are not training steps"""
+
+    compile: bool = False
+    """if toggled, wrap the policy, gae and update units in torch.compile"""
+    cudagraphs: bool = False
+    """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
+    host_actor: bool = True
+    """with the learner on CUDA, act in the rollout with a host copy of the actor, refreshed after each iteration's
+    updates (one copy of ~20 KB): a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches. A CPU
+    learner acts with its own actor (no copy)"""
+    measure_burnin: int = 3
+    """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
+    log_dir: Optional[str] = None
+    """where metrics.jsonl, summary.json and agent.pt go (default: runs/<env_id>__<script>__<seed>__<time>)"""
+    save_model: bool = False
+    """if toggled, save the agent and optimizer to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
+    resume: Optional[str] = None
+    """path of an agent.pt written by --save-model: continue that run from where it stopped"""
+    num_threads: int = 1
+    """torch intra-op threads (1 measures fastest for these 64-unit layers)"""
+
+
+def check_args(args: Args) -> Optional[dict]:
+    """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    plumbing.positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    plumbing.positive_finite(args, "learning_rate", "clip_coef", "max_grad_norm", "target_kl")
+    plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
+    plumbing.unit_interval(args, "gamma", "gae_lambda")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches:
+        plumbing.fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
+            f"(num_envs x num_steps); pick a divisor of {batch_size}"
+        )
+    if args.total_timesteps < batch_size:
+        plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
+    plumbing.check_env_id(args.env_id, "classic", "ppo")
+    plumbing.positive(args, "student_hidden_dim", "student_hidden_depth", "teacher_hidden_dim", "teacher_hidden_depth")
+    plumbing.positive(args, "eval_every", "eval_episodes")
+    plumbing.positive_finite(args, "teacher_learning_rate")
+    sizes = ("student_hidden_dim", "student_hidden_depth", "teacher_hidden_dim", "teacher_hidden_depth")
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps", *sizes), video=True)
+
+
+def make_envs(args: Args, video_dir: str):
+    # Gymnasium's SyncVectorEnv steps 4 CartPoles at ~120k steps/s here, envpool at ~55k (its per-call overhead
+    # dominates at this size). SAME_STEP autoreset is CleanRL's: the observation after a done is the reset one.
+    # copy=False hands back the env's own obs array (rollout copies it before the next step) instead of a deepcopy.
+    def make(idx):
+        if args.capture_video and idx == 0:
+            return gym.wrappers.RecordVideo(gym.make(args.env_id, render_mode="rgb_array"), video_dir)
+        return gym.make(args.env_id)
+
+    return gym.vector.SyncVectorEnv(
+        [functools.partial(make, i) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        copy=False,
+    )
+
+
+def env_parts(env):
+    limit = env
+    while not isinstance(limit, gym.wrappers.TimeLimit):
+        limit = limit.env
+    return env.unwrapped, limit
+
+
+def env_state(envs) -> list:
+    """Everything that moves in a classic-control vector env: a checkpoint holding it resumes bit for bit."""
+    return [
+        dict(
+            state=torch.as_tensor(np.array(u.state, dtype=np.float64)),
+            rng=u.np_random.bit_generator.state,
+            elapsed=limit._elapsed_steps,
+            beyond=getattr(u, "steps_beyond_terminated", None),
+        )
+        for u, limit in map(env_parts, envs.envs)
+    ]
+
+
+def set_env_state(envs, states: list):
+    for (u, limit), s in zip(map(env_parts, envs.envs), states):
+        u.state, u.np_random.bit_generator.state, limit._elapsed_steps = s["state"].numpy(), s["rng"], s["elapsed"]
+        if hasattr(u, "steps_beyond_terminated"):
+            u.steps_beyond_terminated = s["beyond"]
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+def mlp(n_in: int, n_out: int, out_std: float, width: int, depth: int) -> nn.Sequential:
+    """`depth` tanh layers of `width` units and a linear output: 64 x 2 is CleanRL's network, the same draws of init."""
+    sizes = [n_in] + [width] * depth
+    hidden = [m for a, b in zip(sizes, sizes[1:]) for m in (layer_init(nn.Linear(a, b)), nn.Tanh())]
+    return nn.Sequential(*hidden, layer_init(nn.Linear(width, n_out), std=out_std))
+
+
+class Agent(nn.Module):
+    """The student (64 x 2 by default: the base's agent) and the teacher (1024 x 6) are both this agent."""
+
+    def __init__(self, n_obs: int, n_actions: int, width: int = 64, depth: int = 2):
+        super().__init__()
+        self.critic = mlp(n_obs, 1, 1.0, width, depth)
+        self.actor = mlp(n_obs, n_actions, 0.01, width, depth)
+
+    def get_value(self, x):
+        return self.critic(x).squeeze(-1)
+
+    def forward(self, x, action):
+        """Log-probability and entropy of `action`, and the state value: what the loss needs."""
+        logp = self.actor(x).log_softmax(-1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        return logp.gather(-1, action.unsqueeze(-1)).squeeze(-1), entropy, self.critic(x).squeeze(-1)
+
+
+def act(actor, x, gumbel):
+    """One rollout step: argmax(logits + Gumbel noise), exact Categorical sampling. Acting needs nothing else: the
+    rollout's log-probabilities and values come from one batched forward afterwards (same numbers)."""
+    return (actor(x) + gumbel).argmax(-1)
+
+
+def host_copy(module: nn.Module, device: torch.device) -> nn.Module:
+    """A copy of `module` on `device` to act with: storage of its own, no autograd; `refresh` keeps it current."""
+    return copy.deepcopy(module).requires_grad_(False).to(device)
+
+
+def refresh(acting: nn.Module, learner: nn.Module):
+    """The learner's parameters into its acting copy, in one transfer (~20 KB)."""
+    flat = nn.utils.parameters_to_vector(learner.parameters()).to(next(acting.parameters()).device)
+    nn.utils.vector_to_parameters(flat, acting.parameters())  # sets each one's .data: autograd stays out
+
+
+def rollout(envs, policy, act_device, next_obs, next_done, buf, episodes, n_actions: int, rng: torch.Generator):
+    """num_steps steps of every env into `buf`, acting on `act_device`; returns the last obs/done (numpy) and the time
+    split. The env's outputs and the actions are staged in numpy and reach `buf` in one copy per iteration each."""
+    num_steps, device = buf["obs"].shape[0], buf["obs"].device
+    obs = np.empty((num_steps,) + next_obs.shape, np.float32)
+    dones, rewards = np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
+    actions, t_env, t_policy = np.empty(buf["actions"].shape, np.int64), 0.0, 0.0
+    # one draw per rollout from the loop's generator, brought to where the policy acts in one transfer
+    gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()
+    gumbel = gumbel.to(act_device)
+    for step in range(num_steps):
+        obs[step], dones[step] = next_obs, next_done
+        t0 = time.perf_counter()
+        actions[step] = policy(torch.from_numpy(next_obs).to(act_device, non_blocking=True), gumbel[step]).cpu().numpy()
+        t1 = time.perf_counter()
+        next_obs, reward, terminations, truncations, _ = envs.step(actions[step])
+        t_env, t_policy = t_env + time.perf_counter() - t1, t_policy + t1 - t0
+        next_done, rewards[step] = terminations | truncations, reward
+        episodes.record(reward, next_done)
+    for key, x in (("obs", obs), ("actions", actions), ("dones", dones), ("rewards", rewards)):
+        buf[key].copy_(torch.from_numpy(x), non_blocking=True)
+    return next_obs, next_done, t_env, t_policy
+
+
+def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda: float):
+    """Generalized advantage estimation, CleanRL's recursion; compiled it fuses into one loop."""
+    advantages, lastgaelam = torch.empty_like(rewards), torch.zeros_like(next_value)
+    nextnonterminal, nextvalues = 1.0 - next_done, next_value
+    for t in range(rewards.shape[0] - 1, -1, -1):
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+        advantages[t] = lastgaelam
+        nextnonterminal, nextvalues = 1.0 - dones[t], values[t]
+    return advantages, advantages + values
+
+
+def ppo_loss(params, agent, args, obs, actions, logprobs, advantages, returns, values):
+    newlogprob, entropy, newvalue = torch.func.functional_call(agent, params, (obs, actions))
+    logratio = newlogprob - logprobs
+    ratio = logratio.exp()
+    approx_kl = ((ratio - 1) - logratio).mean()  # http://joschu.net/blog/kl-approx.html
+    clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss = torch.max(
+        -advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    ).mean()
+    if args.clip_vloss:
+        v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    return loss, torch.stack([approx_kl, clipfrac, pg_loss, v_loss, entropy_loss]).detach()
+
+
+def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, returns, values, inds):
+    """One minibatch step. Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm].
+    Gradients from torch.func.grad and the step from torch.optim's functional Adam, on the optimizer's own state:
+    compiled, this whole function is one graph (loss.backward() and optimizer.step() would each break it)."""
+    params = {name: p.detach() for name, p in agent.named_parameters()}
+    grads, stats = torch.func.grad(ppo_loss, has_aux=True)(
+        params, agent, args, obs[inds], actions[inds], logprobs[inds], advantages[inds], returns[inds], values[inds]
+    )
+    plist = list(agent.parameters())
+    for p, name in zip(plist, params):
+        p.grad = grads[name]
+    grad_norm = nn.utils.clip_grad_norm_(
+        plist, args.max_grad_norm, foreach=False
+    )  # per-tensor norms fuse; foreach does not
+    state, group = [optimizer.state[p] for p in plist], optimizer.param_groups[0]
+    with torch.no_grad():
+        adam(
+            plist,
+            [p.grad for p in plist],
+            [s["exp_avg"] for s in state],
+            [s["exp_avg_sq"] for s in state],
+            [],
+            [s["step"] for s in state],
+            foreach=False,
+            capturable=group["capturable"],
+            amsgrad=False,
+            beta1=group["betas"][0],
+            beta2=group["betas"][1],
+            lr=lr,
+            weight_decay=0.0,
+            eps=group["eps"],
+            maximize=False,
+        )
+    return torch.cat([stats, grad_norm.unsqueeze(0)])
+
+
+def off_policy_advantages(teacher_logprobs, student_logprobs, advantages):
+    """The teacher's off-policy correction (see the module's notes): the advantages weighted by the truncated
+    importance ratio min(1, pi_teacher / pi_student) of the teacher before its update. With the teacher's own
+    log-probabilities as the update's old ones, PPO's clip bounds the teacher's step around its own policy.
+    Returns the weighted advantages and the mean weight (how far from the teacher's the student's steps are)."""
+    weight = (teacher_logprobs - student_logprobs).exp().clamp(max=1.0)
+    return advantages * weight, weight.mean()
+
+
+def play(envs, policy, device, n_actions: int, seed: int) -> float:
+    """The policy acting alone (sampling, as in the rollout) until each of `envs` has finished one episode: the mean
+    return. The envs and the noise are seeded from `seed` alone, so the loop's generator and envs are not touched."""
+    rng = torch.Generator(device).manual_seed(seed)
+    obs, _ = envs.reset(seed=seed)
+    returns = np.zeros(envs.num_envs)
+    running = np.ones(envs.num_envs, dtype=bool)
+    while running.any():
+        gumbel = -torch.empty(envs.num_envs, n_actions, device=device).exponential_(generator=rng).log()
+        actions = policy(torch.from_numpy(obs).to(device), gumbel).cpu().numpy()
+        obs, reward, terminations, truncations, _ = envs.step(actions)
+        returns += reward * running  # an env that has finished its episode steps on, uncounted
+        running &= ~(terminations | truncations)
+    return float(returns.mean())
+
+
+def make_optimizer(agent, lr, capturable: bool):
+    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `update` never calls step()."""
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=capturable)
+    for p in agent.parameters():
+        step = torch.zeros((), device=p.device if capturable else "cpu")
+        optimizer.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+    return optimizer
+
+
+def main(args: Args):
+    ckpt = check_args(args)
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.num_threads)
+    device = plumbing.pick_device(args)
+
+    envs = make_envs(args, f"{args.log_dir}/videos")
+    # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
+    # global generator after compiling a function, which would replay numbers the loop drew before the compile
+    rng = torch.Generator(device).manual_seed(args.seed)
+    n_obs = envs.single_observation_space.shape[0]
+    n_actions = envs.single_action_space.n
+    agent = Agent(n_obs, n_actions, args.student_hidden_dim, args.student_hidden_depth).to(device)
+    # the inference copy: the learner's storage as plain tensors without requires_grad (tensordict >= 0.14 would
+    # otherwise keep Parameters of its own, requires_grad and all, and only swap their data)
+    agent_inference = Agent(n_obs, n_actions, args.student_hidden_dim, args.student_hidden_depth).to(device)
+    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
+    optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
+    host = args.host_actor and device.type == "cuda"
+    act_device = torch.device("cpu") if host else device
+    acting = host_copy(agent.actor, act_device) if host else agent_inference.actor
+    # the teacher: built after the student, from torch's global generator, which the loop does not use: the student's
+    # numbers are the base's. It learns on the learner's device, with an lr tensor and an Adam state of its own.
+    teacher = Agent(n_obs, n_actions, args.teacher_hidden_dim, args.teacher_hidden_depth).to(device)
+    teacher_inference = copy.deepcopy(teacher)
+    from_module(teacher).data.to_module(teacher_inference, preserve_module_state=False)
+    args.teacher_learning_rate = args.teacher_learning_rate or args.learning_rate
+    teacher_lr = torch.tensor(args.teacher_learning_rate, device=device)
+    teacher_optimizer = make_optimizer(teacher, teacher_lr, capturable=args.cudagraphs)
+    eval_envs = gym.vector.SyncVectorEnv(
+        [functools.partial(gym.make, args.env_id)] * args.eval_episodes,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+
+    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
+    policy = functools.partial(act, acting)
+    evaluate = agent_inference.forward
+    get_value = agent_inference.get_value
+    compute_gae = gae
+    update_minibatch = functools.partial(update, agent, optimizer, lr, args)
+    teacher_policy = functools.partial(act, teacher_inference.actor)
+    evaluate_teacher = teacher_inference.forward
+    update_teacher = functools.partial(update, teacher, teacher_optimizer, teacher_lr, args)
+    if args.compile:
+        # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
+        # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
+        # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
+        options = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
+        if act_device.type == "cuda":
+            # acting on a CPU (the learner's or the host's) the policy stays eager: compiled it is faster alone (29 vs
+            # 34 us) but slower in the rollout, where it and the env evict each other's caches (93 vs 83 us a step)
+            policy = torch.compile(policy, options=options)
+        evaluate = torch.compile(evaluate, options=options)
+        get_value = torch.compile(get_value, options=options)
+        compute_gae = torch.compile(gae, fullgraph=True)
+        update_minibatch = torch.compile(update_minibatch, options=options)
+        # the teacher's units share their code with the student's: dynamic=False keeps a graph of static shapes for
+        # each network (a second network's shapes would otherwise make the recompiled graph dynamic)
+        if device.type == "cuda":  # the teacher plays on the learner's device: eager on a CPU, as the student acts
+            teacher_policy = torch.compile(teacher_policy, options=options, dynamic=False)
+        evaluate_teacher = torch.compile(evaluate_teacher, options=options, dynamic=False)
+        update_teacher = torch.compile(update_teacher, options=options, dynamic=False)
+    if args.cudagraphs:
+        if act_device.type == "cuda":  # CUDA graphs capture CUDA work only: a policy acting on the host stays out
+            policy = CudaGraphModule(policy)
+        evaluate = CudaGraphModule(evaluate)
+        get_value = CudaGraphModule(get_value)
+        compute_gae = CudaGraphModule(compute_gae)
+        update_minibatch = CudaGraphModule(update_minibatch)
+        teacher_policy = CudaGraphModule(teacher_policy)
+        evaluate_teacher = CudaGraphModule(evaluate_teacher)
+        update_teacher = CudaGraphModule(update_teacher)
+
+    shape = (args.num_steps, args.num_envs)
+    buf = dict(
+        obs=torch.zeros(shape + (n_obs,), device=device),
+        actions=torch.zeros(shape, dtype=torch.long, device=device),
+        **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")},
+    )
+    stats = torch.zeros(args.update_epochs * args.num_minibatches, 6, device=device)
+    teacher_stats = torch.zeros(args.update_epochs * args.num_minibatches, 6, device=device)
+    last_teacher_return = None
+    episodes = plumbing.Episodes(args.num_envs)
+    global_step = 0
+    start_iteration = 1
+    next_obs, _ = envs.reset(seed=args.seed)
+    next_done = np.zeros(args.num_envs, dtype=bool)
+    if ckpt:
+        agent.load_state_dict(ckpt["agent"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        teacher.load_state_dict(ckpt["teacher"])
+        teacher_optimizer.load_state_dict(ckpt["teacher_optimizer"])
+        rng.set_state(ckpt["rng"])
+        set_env_state(envs, ckpt["env"])
+        next_obs = ckpt["next_obs"].numpy()
+        next_done = ckpt["next_done"].numpy()
+        episodes.load(ckpt["episodes"])
+        global_step = ckpt["global_step"]
+        start_iteration = ckpt["iteration"] + 1
+
+    run = plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step)
+    iteration = start_iteration - 1
+    with run:
+        for iteration in range(start_iteration, args.num_iterations + 1):
+            t_iter = time.perf_counter()
+            if args.anneal_lr:
+                lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
+                teacher_lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.teacher_learning_rate)
+            if host:  # the acting copy takes the last updates' (or the resumed checkpoint's) parameters
+                refresh(acting, agent.actor)
+            next_obs, next_done, t_env, t_policy = rollout(
+                envs, policy, act_device, next_obs, next_done, buf, episodes, n_actions, rng
+            )
+            global_step += args.batch_size
+            t_rollout = time.perf_counter() - t_iter
+
+            t0 = time.perf_counter()
+            last_obs = torch.from_numpy(next_obs).to(device)
+            last_done = torch.from_numpy(next_done).to(device).float()
+            logprobs, _, values = evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
+            buf["logprobs"].copy_(logprobs)
+            buf["values"].copy_(values)
+            advantages, returns = compute_gae(
+                get_value(last_obs), last_done, buf["rewards"], buf["dones"], buf["values"], args.gamma, args.gae_lambda
+            )
+            t_gae = time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            batch = [
+                x.flatten(0, 1)
+                for x in (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])
+            ]
+            minibatches = []
+            n = 0
+            for _epoch in range(args.update_epochs):
+                perm = torch.randperm(args.batch_size, device=device, generator=rng).view(args.num_minibatches, -1)
+                for inds in perm:
+                    stats[n] = update_minibatch(*batch, inds)
+                    minibatches.append(inds)
+                    n += 1
+                if args.target_kl is not None and stats[n - 1, 0] > args.target_kl:  # a host sync, only when asked
+                    break
+            t_update = time.perf_counter() - t0
+
+            # the teacher: the student's batch, advantages and returns, the same minibatches, its own old log-probs
+            # and values (before its update), the advantages weighted by the off-policy correction
+            t0 = time.perf_counter()
+            teacher_logprobs, _, teacher_values = evaluate_teacher(buf["obs"], buf["actions"])
+            teacher_advantages, is_weight = off_policy_advantages(teacher_logprobs, buf["logprobs"], advantages)
+            teacher_data = [
+                x.flatten(0, 1)
+                for x in (buf["obs"], buf["actions"], teacher_logprobs, teacher_advantages, returns, teacher_values)
+            ]
+            for m, inds in enumerate(minibatches):
+                teacher_stats[m] = update_teacher(*teacher_data, inds)
+            t_teacher = time.perf_counter() - t0
+
+            # measured at the first iteration too: every unit compiles before the guards are skipped
+            teacher_return = None
+            t0 = time.perf_counter()
+            if iteration in (start_iteration, args.num_iterations) or iteration % args.eval_every == 0:
+                seed = 2**31 + args.seed + iteration * args.eval_episodes  # apart from the training envs' seeds
+                teacher_return = play(eval_envs, teacher_policy, device, n_actions, seed)
+                last_teacher_return = teacher_return
+            t_eval = time.perf_counter() - t0
+
+            losses = stats[:n].mean(0).tolist()  # the one host sync of the iteration
+            teacher_losses = teacher_stats[:n].mean(0).tolist()
+            run.log(
+                global_step,
+                steady=iteration - start_iteration + 1 >= args.measure_burnin,
+                iteration=iteration,
+                episodic_return=episodes.mean(),
+                t_rollout=t_rollout,
+                t_env=t_env,
+                t_policy=t_policy,
+                t_gae=t_gae,
+                t_update=t_update,
+                lr=lr.item(),
+                **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"), losses)),
+                teacher_return=teacher_return,
+                t_teacher=t_teacher,
+                t_eval=t_eval,
+                teacher_is_weight=is_weight.item(),
+                **dict(zip(TEACHER_STATS, teacher_losses)),
+            )
+            if args.compile and iteration == start_iteration:
+                # every unit has compiled and nothing its guards check can change any more: stop checking them
+                # (~40 us of a ~330 us update, ~10 us of a policy step)
+                torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+                run.compiled()
+            if run.stopping:
+                break
+    torch.compiler.set_stance("default")
+    envs.close()
+    eval_envs.close()
+    if args.save_model and run.consistent and iteration >= start_iteration:
+        plumbing.save_checkpoint(
+            f"{args.log_dir}/agent.pt",
+            SCRIPT,
+            args,
+            agent=agent.state_dict(),
+            optimizer=optimizer.state_dict(),
+            teacher=teacher.state_dict(),
+            teacher_optimizer=teacher_optimizer.state_dict(),
+            iteration=iteration,
+            global_step=global_step,
+            rng=rng.get_state(),
+            env=env_state(envs),
+            next_obs=torch.from_numpy(next_obs),
+            next_done=torch.from_numpy(next_done),
+            episodes=episodes.state(),
+        )
+    compile_time = run.compile_time() if args.compile else None
+    run.finish(global_step, episodes.mean(), compile_time, teacher_return=last_teacher_return)
+
+
+if __name__ == "__main__":
+    main(plumbing.parse_args(Args))
