@@ -10,9 +10,20 @@ import pytest
 
 from conftest import ROOT, load_script
 
-BASES = ["ppo_torchcompile", "ppo_atari_envpool_torchcompile"]
-TRICKS = ["quantized", "pruned", "ddp", "compile_async"]
-PAIRS = [(base, base.replace("_torchcompile", f"_{trick}_torchcompile")) for base in BASES for trick in TRICKS]
+TRICKS = ["quantized", "pruned", "ddp", "compile_async", "teacher_student"]
+CLASSIC = "ppo_torchcompile"
+ATARI = "ppo_atari_envpool_torchcompile"
+PAIRS = [
+    (CLASSIC, "ppo_quantized_torchcompile"),
+    (CLASSIC, "ppo_pruned_torchcompile"),
+    (CLASSIC, "ppo_ddp_torchcompile"),
+    (CLASSIC, "ppo_compile_async_torchcompile"),
+    (CLASSIC, "ppo_teacher_student_torchcompile"),
+    (ATARI, "ppo_atari_envpool_quantized_torchcompile"),
+    (ATARI, "ppo_atari_envpool_pruned_torchcompile"),
+    (ATARI, "ppo_atari_envpool_ddp_torchcompile"),
+    (ATARI, "ppo_atari_envpool_compile_async_torchcompile"),
+]
 # lines of the base a variant's diff may remove: the trick replaces a few; DDP rewires the loop for its ranks
 MAX_REMOVED = {"ddp": 60}
 # base flags a trick deliberately replaces, with the reason: (variant, flag) -> why
