@@ -323,6 +323,8 @@ def main(args: Args):
                             a_optimizer.step()
                             alpha = log_alpha.exp().item()
                             losses.update(alpha_loss=alpha_loss)
+                    if args.compile and global_step - first_update < args.policy_frequency:
+                        run.compiled()  # the first actor update: every network has run (and compiled)
 
                 if global_step % args.target_network_frequency == 0:
                     with torch.no_grad():
@@ -330,8 +332,6 @@ def main(args: Args):
                             for param, target_param in zip(net.parameters(), target.parameters()):
                                 target_param.data.copy_(args.tau * param.data + (1 - args.tau) * target_param.data)
                 t_update += time.perf_counter() - t2
-                if args.compile and global_step == first_update:  # every network ran, so every one has compiled
-                    run.compiled()
 
             if global_step % args.log_every and global_step < args.total_timesteps:
                 continue
