@@ -1,26 +1,24 @@
-"""TD3 for continuous control (MuJoCo through envpool, HalfCheetah-v4), restructured to run fast.
+"""TD3 for continuous control (MuJoCo through envpool, HalfCheetah-v4), cut into units that torch.compile and CUDA
+graphs wrap.
 
-td3_continuous_action.py (CleanRL's TD3) cut into units that torch.compile and CUDA graphs wrap. An update per env
-step costs mostly Python and dispatch on a CPU, so the tricks remove machinery: the twin Q-networks stacked and called
-once under torch.vmap, torch.func.grad and functional Adam (one graph per update), one fused target update.
+The algorithm, networks and defaults of td3_continuous_action.py (CleanRL's). An update per env step costs mostly
+Python and dispatch on a CPU, so the tricks remove machinery, each in the function that holds it:
+
+- `twin_q`: the two Q-networks' parameters stacked on a leading dim and called once under torch.vmap.
+- `update_critic`, `update_actor`: torch.func.grad and torch.optim's functional Adam (`adam_step`), so that compiled,
+  each update is one graph (loss.backward() and optimizer.step() would each break it).
+- `update_targets`: the Polyak average of the target actor and Q-parameters in one fused foreach lerp.
+- `ReplayBuffer`: a transition is one row of one preallocated tensor: one copy per env step, a batch gathers rows.
+- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs);
+  the loop draws the noise in batches from its own generator (a chunk's acting noise at once).
 
     python leanrl/td3_continuous_action_torchcompile.py --compile               # CPU or GPU
     python leanrl/td3_continuous_action_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the units
 """
 
-import contextlib
 import functools
-import io
-import json
-import math
-import os
-import platform
-import signal
-import sys
 import time
-from collections import deque
-from dataclasses import asdict, dataclass
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Optional
 
 import envpool
@@ -28,17 +26,19 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import tqdm
-import tyro
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
 from torch.func import functional_call
 from torch.optim.adam import adam
 
+import plumbing
+
+SCRIPT = plumbing.script_name(__file__)
+
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    exp_name: str = SCRIPT
     """the name of this experiment"""
     seed: int = 1
     """seed of the experiment"""
@@ -95,58 +95,27 @@ class Args:
     save_model: bool = False
     """if toggled, save networks and optimizers to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
     resume: Optional[str] = None
-    """path of an agent.pt written by --save-model: continue that run (the buffer refills, see load_checkpoint)"""
+    """path of an agent.pt written by --save-model: continue that run (the buffer is not saved: it refills, acting
+    with the restored policy, before the updates go on; the env starts a fresh episode)"""
     num_threads: int = 1
     """torch intra-op threads (1, as in the PPO scripts: the env and the loop keep the other core)"""
 
 
-def fail(message: str):
-    """A user mistake: one line on stderr, exit code 2, no traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def parse_args() -> Args:
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            return tyro.cli(Args)
-    except SystemExit as e:
-        if e.code:  # tyro draws a multi-line box: fold it into the one line a user mistake gets
-            lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
-            fail(" ".join(ln for ln in lines[1:] if ln and not ln.startswith("For full helptext")))
-        raise
-
-
 def check_args(args: Args) -> Optional[dict]:
-    rules = [(("total_timesteps", "buffer_size", "batch_size", "policy_frequency", "log_every", "num_threads",
-               "learning_rate"), lambda x: 0 < x < math.inf, "positive and finite"),
-             (("learning_starts", "measure_burnin", "exploration_noise", "noise_clip", "policy_noise"),
-              lambda x: 0 <= x < math.inf, ">= 0 and finite"),
-             (("seed",), lambda x: 0 <= x < 2**31, "in [0, 2**31) (envpool's seeds are int32)"),
-             (("gamma", "tau"), lambda x: 0 < x <= 1, "in (0, 1]"),
-             (("num_envs",), lambda x: x == 1, "1 (one env, one update per step, as CleanRL's TD3)"),
-             (("capture_video",), lambda x: not x, "off (envpool renders no frames)")]
-    for names, ok, what in rules:
-        for name in names:
-            if not ok(getattr(args, name)):  # `not ok`: a NaN fails every rule
-                fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
+    """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    plumbing.positive(args, "total_timesteps", "buffer_size", "batch_size", "policy_frequency", "log_every")
+    plumbing.positive_finite(args, "learning_rate")
+    plumbing.non_negative_finite(args, "learning_starts", "exploration_noise", "noise_clip", "policy_noise")
+    plumbing.unit_interval(args, "gamma", "tau")
+    plumbing.require(args, lambda v: v == 1, "1 (one env, one update per step, as CleanRL's TD3)", "num_envs")
     if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
+        plumbing.fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}")
     if args.learning_starts >= args.total_timesteps:
-        fail(f"--learning-starts {args.learning_starts} leaves no update in --total-timesteps {args.total_timesteps}")
-    family = envpool.registration.registry.specs.get(args.env_id, ("",))[0]
-    if family != "envpool.mujoco.gym":
-        kind = ("an Atari game (discrete actions: leanrl/ppo_atari_envpool.py)" if "atari" in family else
-                "a classic-control task (discrete ones: leanrl/ppo.py)" if "classic_control" in family else
-                "not a Gymnasium-style MuJoCo task" if "mujoco" in family else "unknown")
-        fail(f"--env-id {args.env_id!r} is {kind}; TD3 here takes envpool MuJoCo ids such as HalfCheetah-v4")
-    ckpt = load_checkpoint(args) if args.resume else None  # another script's or env's checkpoint is refused now
-    with contextlib.suppress(OSError):  # the last check: a bad flag never creates a folder
-        os.makedirs(args.log_dir or ".", exist_ok=True)
-    if not (os.path.isdir(args.log_dir or ".") and os.access(args.log_dir or ".", os.W_OK)):
-        fail(f"--log-dir {args.log_dir} cannot be created or written")
-    return ckpt
+        plumbing.fail(
+            f"--learning-starts {args.learning_starts} leaves no update in --total-timesteps {args.total_timesteps}"
+        )
+    plumbing.check_env_id(args.env_id, "mujoco", "td3")
+    return plumbing.check_run(args, SCRIPT)
 
 
 class ReplayBuffer:
@@ -157,12 +126,16 @@ class ReplayBuffer:
         self.widths = dict(obs=n_obs, next_obs=n_obs, actions=n_actions, rewards=1, terminations=1)
         self.rows = torch.zeros(size, sum(self.widths.values()), device=device)
         self.data = self.split(self.rows)
-        self.size, self.pos, self.filled = size, 0, 0
+        self.size = size
+        self.pos = 0
+        self.filled = 0
 
     def split(self, rows):
         cols = rows.split(list(self.widths.values()), dim=1)
-        return TensorDict({k: c.squeeze(1) if k in ("rewards", "terminations") else c
-                           for k, c in zip(self.widths, cols)}, batch_size=rows.shape[:1])
+        return TensorDict(
+            {k: c.squeeze(1) if k in ("rewards", "terminations") else c for k, c in zip(self.widths, cols)},
+            batch_size=rows.shape[:1],
+        )
 
     def add(self, row: np.ndarray):
         self.rows[self.pos].copy_(torch.from_numpy(row), non_blocking=True)
@@ -177,8 +150,13 @@ class ReplayBuffer:
 # CleanRL's networks: 256-unit MLPs with PyTorch's default init
 class QNetwork(nn.Sequential):
     def __init__(self, n_obs: int, n_actions: int):
-        super().__init__(nn.Linear(n_obs + n_actions, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                         nn.Linear(256, 1))
+        super().__init__(
+            nn.Linear(n_obs + n_actions, 256),
+            nn.ReLU(),
+            nn.Linear(256, 256),
+            nn.ReLU(),
+            nn.Linear(256, 1),
+        )
 
     def forward(self, x, a):
         return super().forward(torch.cat([x, a], 1))
@@ -204,6 +182,14 @@ class Actor(nn.Module):
         return torch.tanh(self.fc_mu(x)) * self.action_scale + self.action_bias
 
 
+def stack_twins(qf1: nn.Module, qf2: nn.Module) -> dict:
+    """The two Q-networks' parameters, each pair stacked on a leading dim of 2 (what `twin_q` calls)."""
+    return {
+        name: nn.Parameter(torch.stack([p1.detach(), p2.detach()]))
+        for (name, p1), p2 in zip(qf1.named_parameters(), qf2.parameters())
+    }
+
+
 def twin_q(qnet, q_params, obs, actions):
     """Both Q-networks in one call: their parameters are stacked on a leading dim of 2. Returns [2, batch]."""
     return torch.vmap(lambda p: functional_call(qnet, p, (obs, actions)))(q_params).squeeze(-1)
@@ -211,198 +197,180 @@ def twin_q(qnet, q_params, obs, actions):
 
 def adam_step(optimizer, params: list, grads: list, lr):
     """torch.optim.Adam's step in its functional form, on the optimizer's own state (see make_optimizer)."""
-    state, group = [optimizer.state[p] for p in params], optimizer.param_groups[0]
+    state = [optimizer.state[p] for p in params]
+    group = optimizer.param_groups[0]
     with torch.no_grad():
-        adam(params, grads, [s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state], [],
-             [s["step"] for s in state], foreach=False, capturable=group["capturable"], amsgrad=False, eps=group["eps"],
-             beta1=group["betas"][0], beta2=group["betas"][1], lr=lr, weight_decay=0.0, maximize=False)
-
-
-def update_critic(u, obs, actions, rewards, next_obs, terminations, noise):
-    """One gradient step of both Q-networks; `noise` is N(0, 1) for the target policy smoothing.
-    Returns [qf1_loss, qf2_loss, qf1_values]."""
-    with torch.no_grad():
-        clipped_noise = (noise * u.policy_noise).clamp(-u.noise_clip, u.noise_clip) * u.target_actor.action_scale
-        next_state_actions = (u.target_actor(next_obs) + clipped_noise).clamp(u.actor.low, u.actor.high)
-        min_qf_next_target = twin_q(u.qnet, u.q_target, next_obs, next_state_actions).min(0).values
-        next_q_value = rewards + (1 - terminations) * u.gamma * min_qf_next_target
-
-    def qf_loss(q_params):
-        q_a_values = twin_q(u.qnet, q_params, obs, actions)
-        qf_losses = ((q_a_values - next_q_value) ** 2).mean(1)  # the two MSEs
-        return qf_losses.sum(), torch.cat([qf_losses, q_a_values[0].mean().view(1)]).detach()
-    grads, stats = torch.func.grad(qf_loss, has_aux=True)(u.q_data)
-    adam_step(u.q_optimizer, list(u.q_params.values()), list(grads.values()), u.lr)
-    return stats
-
-
-def update_actor(u, obs):
-    """One gradient step of the actor on -Q1(s, actor(s)) (only the first Q-network, as in TD3). Returns [loss]."""
-    def actor_loss(actor_params):
-        pi = functional_call(u.actor, actor_params, (obs,))
-        return -functional_call(u.qnet, {k: p[0] for k, p in u.q_data.items()}, (obs, pi)).mean()
-    params = {name: p.detach() for name, p in u.actor.named_parameters()}
-    grads, loss = torch.func.grad_and_value(actor_loss)(params)
-    adam_step(u.actor_optimizer, list(u.actor.parameters()), list(grads.values()), u.lr)
-    return loss.detach().view(1)
-
-
-def update_targets(u):
-    """Polyak averaging of the target actor and Q-parameters in place, target += tau * (online - target): one call."""
-    torch._foreach_lerp_(u.targets, u.onlines, u.tau)
-
-
-def policy(u, obs, noise):
-    """One acting step with the inference copy of the actor (same storage, no autograd): the deterministic action
-    plus N(0, 1) noise scaled by exploration_noise x the action range's half-width, clipped to the bounds."""
-    a = u.actor_inference
-    return (a(obs) + noise * a.action_scale * u.exploration_noise).clamp(a.low, a.high)
+        adam(
+            params,
+            grads,
+            [s["exp_avg"] for s in state],
+            [s["exp_avg_sq"] for s in state],
+            [],
+            [s["step"] for s in state],
+            foreach=False,
+            capturable=group["capturable"],
+            amsgrad=False,
+            eps=group["eps"],
+            beta1=group["betas"][0],
+            beta2=group["betas"][1],
+            lr=lr,
+            weight_decay=0.0,
+            maximize=False,
+        )
 
 
 def make_optimizer(params: list, lr, capturable: bool):
     """torch.optim.Adam (its state_dict is the checkpoint's), its state created now: the units step it functionally."""
     optimizer = torch.optim.Adam(params, lr=lr, capturable=capturable)
     for p in params:
-        optimizer.state[p] = dict(step=torch.zeros((), device=p.device if capturable else "cpu"),
-                                  exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        step = torch.zeros((), device=p.device if capturable else "cpu")
+        optimizer.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
     return optimizer
 
 
-def make_units(args: Args, n_obs: int, n_actions: int, low, high, device, compiled: bool):
-    """The training state and the units the loop calls; the twin Q-parameters stack two QNetworks' initial ones."""
+def act(actor, exploration_noise: float, obs, noise):
+    """One acting step (with the inference copy of the actor: the learner's storage, no autograd): the deterministic
+    action plus N(0, 1) noise scaled by exploration_noise x the action range's half-width, clipped to the bounds."""
+    return (actor(obs) + noise * actor.action_scale * exploration_noise).clamp(actor.low, actor.high)
+
+
+def update_critic(
+    target_actor, qnet, q_params, q_target, optimizer, lr, args, obs, actions, rewards, next_obs, terminations, noise
+):
+    """One gradient step of both Q-networks; `noise` is N(0, 1) for the target policy smoothing.
+    Returns [qf1_loss, qf2_loss, qf1_values]."""
+    q_data = {name: p.detach() for name, p in q_params.items()}
+    with torch.no_grad():
+        clipped_noise = (noise * args.policy_noise).clamp(-args.noise_clip, args.noise_clip) * target_actor.action_scale
+        next_state_actions = (target_actor(next_obs) + clipped_noise).clamp(target_actor.low, target_actor.high)
+        min_qf_next_target = twin_q(qnet, q_target, next_obs, next_state_actions).min(0).values
+        next_q_value = rewards + (1 - terminations) * args.gamma * min_qf_next_target
+
+    def qf_loss(params):
+        q_a_values = twin_q(qnet, params, obs, actions)
+        qf_losses = ((q_a_values - next_q_value) ** 2).mean(1)  # the two MSEs
+        return qf_losses.sum(), torch.cat([qf_losses, q_a_values[0].mean().view(1)]).detach()
+
+    grads, stats = torch.func.grad(qf_loss, has_aux=True)(q_data)
+    adam_step(optimizer, list(q_params.values()), list(grads.values()), lr)
+    return stats
+
+
+def update_actor(actor, qnet, q_params, optimizer, lr, obs):
+    """One gradient step of the actor on -Q1(s, actor(s)) (only the first Q-network, as in TD3). Returns [loss]."""
+    q1_data = {name: p.detach()[0] for name, p in q_params.items()}
+
+    def actor_loss(params):
+        pi = functional_call(actor, params, (obs,))
+        return -functional_call(qnet, q1_data, (obs, pi)).mean()
+
+    params = {name: p.detach() for name, p in actor.named_parameters()}
+    grads, loss = torch.func.grad_and_value(actor_loss)(params)
+    adam_step(optimizer, list(actor.parameters()), list(grads.values()), lr)
+    return loss.detach().view(1)
+
+
+def update_targets(target_actor, q_target, actor, q_params, tau: float):
+    """Polyak averaging of the target actor and Q-parameters in place, target += tau * (online - target): one call."""
+    targets = list(target_actor.parameters()) + list(q_target.values())
+    onlines = [p.detach() for p in actor.parameters()] + [p.detach() for p in q_params.values()]
+    torch._foreach_lerp_(targets, onlines, tau)
+
+
+def main(args: Args):
+    ckpt = check_args(args)
+
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.num_threads)
+    device = plumbing.pick_device(args)
+
+    global_step = ckpt["global_step"] if ckpt else 0
+    env = envpool.make(args.env_id, env_type="gymnasium", num_envs=1, seed=args.seed + global_step)
+    # the loop's random numbers (the buffer's batches, the noise) come from its own generator: torch.compile restores
+    # torch's global generator after compiling a function, which would replay numbers the loop drew before the compile
+    rng = torch.Generator(device).manual_seed(args.seed)
+    np_rng = np.random.default_rng(args.seed)  # the random actions before learning_starts
+    n_obs = env.observation_space.shape[0]
+    n_actions = env.action_space.shape[0]
+    low = env.action_space.low
+    high = env.action_space.high
     actor = Actor(n_obs, n_actions, low, high).to(device)
-    qf1, qf2 = QNetwork(n_obs, n_actions).to(device), QNetwork(n_obs, n_actions).to(device)
-    q_params = {name: nn.Parameter(torch.stack([p1.detach(), p2.detach()]))
-                for (name, p1), p2 in zip(qf1.named_parameters(), qf2.parameters())}
+    qf1 = QNetwork(n_obs, n_actions).to(device)
+    qf2 = QNetwork(n_obs, n_actions).to(device)
+    q_params = stack_twins(qf1, qf2)
+    q_target = {name: p.data.clone() for name, p in q_params.items()}
+    qnet = qf1.to("meta")  # the architecture alone: twin_q calls it with the stacked parameters
+    # the inference copy: the learner's storage as plain tensors without requires_grad
     actor_inference = Actor(n_obs, n_actions, low, high).to(device)
     target_actor = Actor(n_obs, n_actions, low, high).to(device)
     from_module(actor).data.to_module(actor_inference, preserve_module_state=False)
     target_actor.load_state_dict(actor.state_dict())
     target_actor.requires_grad_(False)
-    u = SimpleNamespace(
-        actor=actor, actor_inference=actor_inference, target_actor=target_actor, qnet=qf1.to("meta"),
-        q_params=q_params, q_data={k: p.data for k, p in q_params.items()},
-        q_target={k: p.data.clone() for k, p in q_params.items()}, lr=torch.tensor(args.learning_rate, device=device),
-        gamma=args.gamma, tau=args.tau, policy_noise=args.policy_noise, noise_clip=args.noise_clip,
-        exploration_noise=args.exploration_noise)
-    u.targets = list(target_actor.parameters()) + list(u.q_target.values())
-    u.onlines = [p.data for p in actor.parameters()] + list(u.q_data.values())
-    u.q_optimizer = make_optimizer(list(q_params.values()), u.lr, args.cudagraphs)
-    u.actor_optimizer = make_optimizer(list(actor.parameters()), u.lr, args.cudagraphs)
-    for fn in (policy, update_critic, update_actor, update_targets):
-        unit = torch.compile(functools.partial(fn, u)) if compiled else functools.partial(fn, u)
-        setattr(u, fn.__name__, CudaGraphModule(unit) if args.cudagraphs else unit)
-    return u
+    lr = torch.tensor(args.learning_rate, device=device)  # a tensor: compiled code reads it, CUDA graphs on the device
+    q_optimizer = make_optimizer(list(q_params.values()), lr, args.cudagraphs)  # CUDA graphs: the step on device
+    actor_optimizer = make_optimizer(list(actor.parameters()), lr, args.cudagraphs)
 
-
-def machine_info(device: torch.device) -> dict:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
-
-
-class StopFlag:
-    """Ctrl-C (or SIGTERM): stop after the current chunk of log_every steps; before the first, or again: at once."""
-
-    def __init__(self):
-        self.set, self.logged = False, False
-        signal.signal(signal.SIGINT, self.handle)
-        signal.signal(signal.SIGTERM, self.handle)
-
-    def handle(self, signum, frame):
-        if self.set or not self.logged:
-            os._exit(130)
-        self.set = True
-        print("\nstopping after this chunk (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr)
-
-
-def load_checkpoint(args: Args) -> dict:
-    """Networks, targets, optimizers, RNGs and the step; not the buffer (~170 MB at 1M): a resumed run acts with the
-    restored policy until it holds learning_starts transitions again. Episodes restart (with a fresh seed)."""
-    if not os.path.isfile(args.resume):
-        fail(f"--resume {args.resume}: no such file")
-    try:
-        ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
-        written_by = ckpt["script"]
-    except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
-        fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
-    if written_by != os.path.basename(__file__)[: -len(".py")]:
-        fail(f"--resume {args.resume} was written by {written_by}.py; resume it with that script")
-    if ckpt["args"]["env_id"] != args.env_id:
-        fail(f"--resume {args.resume} was trained with --env-id {ckpt['args']['env_id']}; pass the same")
-    return ckpt
-
-
-def main(args: Args):
-    ckpt = check_args(args)
-    script = os.path.basename(__file__)[: -len(".py")]
-    log_dir = args.log_dir or f"runs/{args.env_id}__{script}__{args.seed}__{int(time.time())}"
-    os.makedirs(log_dir, exist_ok=True)
-
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(args.num_threads)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if args.cudagraphs and device.type != "cuda":
-        print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
-        args.cudagraphs = False
-
-    global_step = ckpt["global_step"] if ckpt else 0
-    env = envpool.make(args.env_id, env_type="gymnasium", num_envs=1, seed=args.seed + global_step)
-    rng = torch.Generator(device).manual_seed(args.seed)  # the loop's own: torch.compile restores the global one
-    np_rng = np.random.default_rng(args.seed)  # the random actions before learning_starts
-    n_obs, n_actions = env.observation_space.shape[0], env.action_space.shape[0]
-    low, high = env.action_space.low, env.action_space.high
-    u = make_units(args, n_obs, n_actions, low, high, device, args.compile)
+    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
+    policy = functools.partial(act, actor_inference, args.exploration_noise)
+    critic_step = functools.partial(update_critic, target_actor, qnet, q_params, q_target, q_optimizer, lr, args)
+    actor_step = functools.partial(update_actor, actor, qnet, q_params, actor_optimizer, lr)
+    targets_step = functools.partial(update_targets, target_actor, q_target, actor, q_params, args.tau)
     if args.compile:
-        print("--compile: the units compile on their first call, after learning_starts (a minute or more on a cold "
-              "cache; later runs load them from Inductor's on-disk cache)", file=sys.stderr)
+        policy = torch.compile(policy)
+        critic_step = torch.compile(critic_step)
+        actor_step = torch.compile(actor_step)
+        targets_step = torch.compile(targets_step)
+    if args.cudagraphs:
+        policy = CudaGraphModule(policy)
+        critic_step = CudaGraphModule(critic_step)
+        actor_step = CudaGraphModule(actor_step)
+        targets_step = CudaGraphModule(targets_step)
+
+    episodes = plumbing.Episodes(1)
     if ckpt:
-        for name in ("actor", "target_actor", "q_optimizer", "actor_optimizer"):
-            getattr(u, name).load_state_dict(ckpt[name])
-        for name in u.q_params:
-            u.q_params[name].data.copy_(ckpt["q_params"][name])
-            u.q_target[name].copy_(ckpt["q_target"][name])
+        actor.load_state_dict(ckpt["actor"])
+        target_actor.load_state_dict(ckpt["target_actor"])
+        q_optimizer.load_state_dict(ckpt["q_optimizer"])
+        actor_optimizer.load_state_dict(ckpt["actor_optimizer"])
+        for name in q_params:
+            q_params[name].data.copy_(ckpt["q_params"][name])
+            q_target[name].copy_(ckpt["q_target"][name])
         rng.set_state(ckpt["rng"])
         np_rng.bit_generator.state = ckpt["np_rng"]
+        # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
+        episodes.load(dict(ckpt["episodes"], ret=torch.zeros(1, dtype=torch.float64)))
     rb = ReplayBuffer(args.buffer_size, n_obs, n_actions, device)
-    ep_return, finished = 0.0, deque(ckpt["returns"].tolist() if ckpt else [], maxlen=20)  # the last 20 returns
-    mean_return = lambda: float(np.mean(finished)) if finished else None  # noqa: E731
 
-    run = None
-    if args.track:
-        import wandb
-        run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
-                         name=os.path.basename(log_dir), dir=log_dir, save_code=True)
-    metrics, stop = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1), StopFlag()
-    bar = tqdm.tqdm(total=args.total_timesteps, initial=global_step, unit="step", dynamic_ncols=True,
-                    desc="compiling on first call" if args.compile else None)
-    start, measure_from, fps, forced, first_update, act_noise = time.perf_counter(), None, None, False, None, None
-    compile_time, compiled = 0.0 if args.compile else None, set()  # the seconds of steps that ran a unit first
+    run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
+    first_update = None
+    act_noise = None
+    compile_time = 0.0 if args.compile else None  # the seconds of the steps that ran a unit for the first time
+    compiled = set()
     losses = torch.zeros(len(LOSSES), device=device)
-    t_env = t_policy = t_update = 0.0
+    t_env = 0.0
+    t_policy = 0.0
+    t_update = 0.0
     obs, _ = env.reset()
-    try:
+    with run:
         while global_step < args.total_timesteps:
             if global_step % args.log_every == 0 or act_noise is None:  # the acting noise of a chunk, at once
                 act_noise = torch.randn(args.log_every, 1, n_actions, device=device, generator=rng)
-            t0, units = time.perf_counter(), set()
+            t0 = time.perf_counter()
+            units = set()
             if global_step < args.learning_starts:  # a fresh run explores uniformly first; a resumed one acts
                 actions = np_rng.uniform(low, high, size=(1, n_actions)).astype(np.float32)
             else:
                 obs_device = torch.from_numpy(obs).to(device, torch.float32)
-                actions = u.policy(obs_device, act_noise[global_step % args.log_every]).cpu().numpy()
+                actions = policy(obs_device, act_noise[global_step % args.log_every]).cpu().numpy()
                 units.add("policy")
             t1 = time.perf_counter()
             real_next_obs, rewards, terminations, truncations, _ = env.step(actions)
             next_obs = real_next_obs  # the buffer gets the real last obs, the loop the next episode's first
-            ep_return += float(rewards[0])
-            if terminations[0] or truncations[0]:  # reset now: envpool would spend the next step on it
-                next_obs = env.reset()[0]
-                finished.append(ep_return)
-                ep_return = 0.0
+            dones = terminations | truncations
+            episodes.record(rewards, dones)
+            if dones[0]:  # reset now: envpool would spend the next step on it
+                next_obs, _ = env.reset()
             t2 = time.perf_counter()
             rb.add(np.concatenate([obs[0], real_next_obs[0], actions[0], rewards, terminations], dtype=np.float32))
             obs = next_obs
@@ -414,69 +382,58 @@ def main(args: Args):
                 first_update = first_update or global_step
                 data = rb.sample(args.batch_size, rng)
                 noise = torch.randn(args.batch_size, n_actions, device=device, generator=rng)
-                losses[:3] = u.update_critic(data["obs"], data["actions"], data["rewards"], data["next_obs"],
-                                             data["terminations"], noise)
+                losses[:3] = critic_step(
+                    data["obs"], data["actions"], data["rewards"], data["next_obs"], data["terminations"], noise
+                )
                 if global_step % args.policy_frequency == 0:  # delayed: the actor and the targets move less often
-                    losses[3:] = u.update_actor(data["obs"])
-                    u.update_targets()
+                    losses[3:] = actor_step(data["obs"])
+                    targets_step()
                     units |= {"actor", "targets"}
                 units.add("critic")
                 t_update += time.perf_counter() - t2
             if args.compile and not units <= compiled:  # a unit ran for the first time: it compiled in this step
-                compile_time, compiled = compile_time + time.perf_counter() - t0, compiled | units
-                bar.set_description(None if len(compiled) == 4 else bar.desc)
+                compile_time += time.perf_counter() - t0
+                compiled |= units
+                if len(compiled) == 4:
+                    run.compiled()
 
             if global_step % args.log_every and global_step < args.total_timesteps:
                 continue
-            # steady-state fps: env steps after learning_starts plus the burn-in
-            now = time.perf_counter()
-            if measure_from is None and first_update and global_step - first_update >= args.measure_burnin:
-                measure_from = (now, global_step)
-            if measure_from and global_step > measure_from[1]:
-                fps = (global_step - measure_from[1]) / (now - measure_from[0])
-            row = dict(global_step=global_step, time=now - start, fps=fps, episodic_return=mean_return(),
-                       t_env=t_env, t_policy=t_policy, t_update=t_update, buffer=rb.filled,
-                       **dict(zip(LOSSES, losses.tolist() if first_update else [None] * len(LOSSES))))  # one host sync
-            metrics.write(json.dumps(row) + "\n")
-            if run:
-                run.log(row, step=global_step)
-            stop.logged = True
-            t_env = t_policy = t_update = 0.0
-            bar.update(global_step - bar.n)
-            bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if stop.set:
+            run.log(
+                global_step,
+                # steady-state fps: env steps after learning_starts plus the burn-in
+                steady=first_update is not None and global_step - first_update >= args.measure_burnin,
+                episodic_return=episodes.mean(),
+                t_env=t_env,
+                t_policy=t_policy,
+                t_update=t_update,
+                buffer=rb.filled,
+                **dict(zip(LOSSES, losses.tolist() if first_update else [None] * len(LOSSES))),  # one host sync
+            )
+            t_env = 0.0
+            t_policy = 0.0
+            t_update = 0.0
+            if run.stopping:
                 break
-    except KeyboardInterrupt:  # stop mid-chunk, with no consistent state to save
-        stop.set = forced = True
-    finally:
-        bar.close()
-        metrics.close()
-        env.close()
-    if args.save_model and not forced:
-        path = os.path.join(log_dir, "agent.pt")
-        torch.save(dict(
-            script=script, args=asdict(args), global_step=global_step, actor=u.actor.state_dict(),
-            target_actor=u.target_actor.state_dict(),
-            q_params={k: p.detach().cpu() for k, p in u.q_params.items()},
-            q_target={k: p.cpu() for k, p in u.q_target.items()}, q_optimizer=u.q_optimizer.state_dict(),
-            actor_optimizer=u.actor_optimizer.state_dict(), rng=rng.get_state(), np_rng=np_rng.bit_generator.state,
-            returns=torch.tensor(list(finished), dtype=torch.float64)), path + ".tmp")
-        os.replace(path + ".tmp", path)  # atomic: a crash mid-write never leaves a truncated agent.pt
-
-    summary = dict(script=script, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
-                   num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
-                   wall_time=time.perf_counter() - start, fps=fps, final_return=mean_return(),
-                   compile_time=compile_time, interrupted=stop.set)
-    with open(os.path.join(log_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    if run:
-        run.summary.update(summary)
-        run.finish()
-    print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
-          f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
-    if stop.set:
-        sys.exit(130)
+    env.close()
+    if args.save_model and run.consistent:
+        plumbing.save_checkpoint(
+            f"{args.log_dir}/agent.pt",
+            SCRIPT,
+            args,
+            global_step=global_step,
+            actor=actor.state_dict(),
+            target_actor=target_actor.state_dict(),
+            q_params={name: p.detach().cpu() for name, p in q_params.items()},
+            q_target={name: p.cpu() for name, p in q_target.items()},
+            q_optimizer=q_optimizer.state_dict(),
+            actor_optimizer=actor_optimizer.state_dict(),
+            rng=rng.get_state(),
+            np_rng=np_rng.bit_generator.state,
+            episodes=episodes.state(),
+        )
+    run.finish(global_step, episodes.mean(), compile_time)
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    main(plumbing.parse_args(Args))

@@ -5,16 +5,35 @@ torchcompile ones with --compile), checkpoints and --resume, the replay buffer, 
 The smoke budget: 600 steps, updates from step 200, batch 32 in a buffer of 500 (so the runs wrap it around).
 """
 
+import functools
+import math
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tensordict import from_module
 
 from conftest import assert_rejected, load_script, read_metrics, read_summary, run_script, script_fixture, smoke_runs
 
 SCRIPTS = [f"{algo}_continuous_action{v}.py" for algo in ("sac", "td3") for v in ("", "_torchcompile")]
-TINY = ["--total-timesteps", "600", "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "500",
-        "--log-every", "200", "--measure-burnin", "100", "--num-threads", "1"]
+TINY = [
+    "--total-timesteps",
+    "600",
+    "--learning-starts",
+    "200",
+    "--batch-size",
+    "32",
+    "--buffer-size",
+    "500",
+    "--log-every",
+    "200",
+    "--measure-burnin",
+    "100",
+    "--num-threads",
+    "1",
+]
 RUNS = {s: ("--compile",) * ("torchcompile" in s) + ("--cudagraphs", "--save-model") for s in SCRIPTS}
 LOSSES = ("qf1_loss", "qf2_loss", "qf1_values", "actor_loss")  # and SAC's alpha_loss and alpha
 N_OBS, N_ACT, B = 17, 6, 32
@@ -51,20 +70,76 @@ def test_smoke_writes_logs(smoke, script):
 
 def fixed_batch(seed=0):
     g = torch.Generator().manual_seed(seed)
-    return dict(obs=torch.randn(B, N_OBS, generator=g), actions=torch.rand(B, N_ACT, generator=g) * 2 - 1,
-                rewards=torch.randn(B, generator=g), next_obs=torch.randn(B, N_OBS, generator=g),
-                terminations=(torch.rand(B, generator=g) < 0.2).float())
+    return dict(
+        obs=torch.randn(B, N_OBS, generator=g),
+        actions=torch.rand(B, N_ACT, generator=g) * 2 - 1,
+        rewards=torch.randn(B, generator=g),
+        next_obs=torch.randn(B, N_OBS, generator=g),
+        terminations=(torch.rand(B, generator=g) < 0.2).float(),
+    )
 
 
-def make_pair(base, tc, compiled=False, seed=0):
-    """The baseline's networks and the torchcompile script's units, holding the same parameters (SAC's or TD3's:
-    tests/test_td3_continuous_action.py uses this too)."""
-    low, high = -np.ones(N_ACT, np.float32), np.ones(N_ACT, np.float32)
+LOW = -np.ones(N_ACT, np.float32)
+HIGH = np.ones(N_ACT, np.float32)
+
+
+def bind(unit, compiled: bool, *state):
+    """`unit` bound to its state, as main binds it, and compiled as main compiles it with --compile."""
+    bound = functools.partial(unit, *state)
+    return torch.compile(bound) if compiled else bound
+
+
+def sac_units(tc, compiled=False):
+    """The SAC torchcompile script's training state, built as its main builds it, with its units bound to it: a
+    namespace of the state the tests read and the four units."""
     args = tc.Args(batch_size=B)
+    actor = tc.Actor(N_OBS, N_ACT, LOW, HIGH)
+    qf1 = tc.SoftQNetwork(N_OBS, N_ACT)
+    qf2 = tc.SoftQNetwork(N_OBS, N_ACT)
+    q_params = tc.stack_twins(qf1, qf2)
+    q_target = {name: p.data.clone() for name, p in q_params.items()}
+    qnet = qf1.to("meta")
+    actor_inference = tc.Actor(N_OBS, N_ACT, LOW, HIGH)
+    from_module(actor).data.to_module(actor_inference, preserve_module_state=False)
+    log_alpha = torch.full((1,), math.log(args.alpha))
+    q_lr = torch.tensor(args.q_lr)
+    policy_lr = torch.tensor(args.policy_lr)
+    q_optimizer = tc.make_optimizer(list(q_params.values()), q_lr, False)
+    actor_optimizer = tc.make_optimizer(list(actor.parameters()), policy_lr, False)
+    a_optimizer = tc.make_optimizer([log_alpha], q_lr, False)
+    return SimpleNamespace(
+        actor=actor,
+        q_params=q_params,
+        q_target=q_target,
+        log_alpha=log_alpha,
+        policy=bind(tc.act, compiled, actor_inference),
+        update_critic=bind(
+            tc.update_critic, compiled, actor, qnet, q_params, q_target, log_alpha, q_optimizer, q_lr, args
+        ),
+        update_actor=bind(
+            tc.update_actor,
+            compiled,
+            actor,
+            qnet,
+            q_params,
+            log_alpha,
+            actor_optimizer,
+            a_optimizer,
+            policy_lr,
+            q_lr,
+            args,
+        ),
+        update_targets=bind(tc.update_targets, compiled, q_target, q_params, args.tau),
+    )
+
+
+def make_pair(base, tc, units, compiled=False, seed=0):
+    """The torchcompile script's units (`units(tc, compiled)`: `sac_units`, or TD3's in
+    tests/test_td3_continuous_action.py) and the baseline's networks holding the same parameters."""
     torch.manual_seed(seed)
-    u = tc.make_units(args, N_OBS, N_ACT, low, high, torch.device("cpu"), compiled)
+    u = units(tc, compiled)
     qnet = getattr(base, "SoftQNetwork", None) or base.QNetwork  # SAC's name, TD3's
-    actor, qf1, qf2 = base.Actor(N_OBS, N_ACT, low, high), qnet(N_OBS, N_ACT), qnet(N_OBS, N_ACT)
+    actor, qf1, qf2 = base.Actor(N_OBS, N_ACT, LOW, HIGH), qnet(N_OBS, N_ACT), qnet(N_OBS, N_ACT)
     actor.load_state_dict(u.actor.state_dict(), strict=False)  # TD3's units' actor also holds the bounds
     for i, q in enumerate((qf1, qf2)):
         q.load_state_dict({k: p[i] for k, p in u.q_params.items()})
@@ -123,8 +198,11 @@ def cleanrl_update(base, actor, qf1, qf2, batch, seeds, gamma=0.99, tau=0.005, p
 
 def run_units(u, batch, seeds, policy_frequency=2):
     noise = [torch.randn(B, N_ACT, generator=torch.Generator().manual_seed(s)) for s in seeds]
-    stats = [u.update_critic(batch["obs"], batch["actions"], batch["rewards"], batch["next_obs"],
-                             batch["terminations"], noise[0])]
+    stats = [
+        u.update_critic(
+            batch["obs"], batch["actions"], batch["rewards"], batch["next_obs"], batch["terminations"], noise[0]
+        )
+    ]
     for i in range(policy_frequency):
         stats.append(u.update_actor(batch["obs"], noise[1 + 2 * i], noise[2 + 2 * i]))
     u.update_targets()
@@ -145,7 +223,7 @@ def test_units_match_cleanrl_update(base, tc):
     CleanRL's autograd + torch.optim update on the baseline's networks, same parameters and noise: equal up to
     float32 rounding (rtol 1e-4, atol 1e-5: Adam's first step is lr * g / (|g| + eps), so a gradient near eps moves its
     weight by a few 1e-6 either way). A wrong sign, target or alpha gradient moves weights by ~lr = 1e-3."""
-    u, actor, qf1, qf2 = make_pair(base, tc)
+    u, actor, qf1, qf2 = make_pair(base, tc, sac_units)
     seeds, batch = [11, 12, 13, 14, 15], fixed_batch()
     targets, log_alpha = cleanrl_update(base, actor, qf1, qf2, batch, seeds)
     run_units(u, batch, seeds)
@@ -159,13 +237,17 @@ def test_compiled_units_equal_eager(base, tc):
     """The compiled units against the same units run eagerly, from the same parameters, on the same fixed batches and
     noise, three update steps: the losses and every parameter agree within rtol 1e-4 / atol 1e-5 (Inductor fuses and
     sums in another order; a compile that dropped an in-place write or a step would differ by far more)."""
-    (eager, *_), (compiled, *_) = make_pair(base, tc, False), make_pair(base, tc, True)
+    (eager, *_), (compiled, *_) = make_pair(base, tc, sac_units, False), make_pair(base, tc, sac_units, True)
     seeds = [21, 22, 23, 24, 25]
     for step in range(3):
         batch = fixed_batch(step)
-        torch.testing.assert_close(run_units(compiled, batch, seeds), run_units(eager, batch, seeds), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            run_units(compiled, batch, seeds), run_units(eager, batch, seeds), rtol=1e-4, atol=1e-5
+        )
     for name in eager.q_params:
-        torch.testing.assert_close(compiled.q_params[name].detach(), eager.q_params[name].detach(), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            compiled.q_params[name].detach(), eager.q_params[name].detach(), rtol=1e-4, atol=1e-5
+        )
         torch.testing.assert_close(compiled.q_target[name], eager.q_target[name], rtol=1e-4, atol=1e-5)
     for (name, p), q in zip(eager.actor.named_parameters(), compiled.actor.parameters()):
         torch.testing.assert_close(q.detach(), p.detach(), rtol=1e-4, atol=1e-5, msg=name)
@@ -217,8 +299,27 @@ def test_resume_continues(smoke, script, tmp_path):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-@pytest.mark.parametrize("flags,words", [(["--env-id", "Breakout-v5"], ["--env-id", "atari"]),
-                                         (["--num-envs", "4"], ["--num-envs", "one env"])])
+def test_checkpoint_keeps_the_finished_episodes(script, tmp_path):
+    """The checkpoint holds the returns of the finished episodes (Hopper's end within a few dozen steps, HalfCheetah's
+    never in a smoke run) and --resume goes on from them: resumed with no step left, the final return is the saved
+    run's, the mean of the same last 20 episodes."""
+    flags = ["--env-id", "Hopper-v4", "--total-timesteps", "300", *TINY[2:], "--save-model"]
+    run_script(script, *flags, log_dir=tmp_path / "first")
+    saved = torch.load(tmp_path / "first" / "agent.pt", weights_only=True)["episodes"]
+    assert 0 < len(saved["finished"]) <= 20 and saved["ret"].shape == (1,)
+    last = read_metrics(tmp_path / "first")[-1]["episodic_return"]
+    assert last == saved["finished"].mean().item() == read_summary(tmp_path / "first")["final_return"]
+    run_script(script, *flags, "--resume", str(tmp_path / "first" / "agent.pt"), log_dir=tmp_path / "resumed")
+    summary = read_summary(tmp_path / "resumed")
+    assert summary["global_step"] == 300 and summary["final_return"] == last
+    assert read_metrics(tmp_path / "resumed") == []
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize(
+    "flags,words",
+    [(["--env-id", "Breakout-v5"], ["--env-id", "atari"]), (["--num-envs", "4"], ["--num-envs", "one env"])],
+)
 def test_bad_input_from_the_command_line(script, flags, words, tmp_path):
     """SAC's and TD3's scripts, what tests/test_bad_input_matrix.py cannot know: an env of another family is named,
     and one env only. The matrix covers the rest (every flag's range, batch larger than the buffer, a checkpoint of
