@@ -339,7 +339,7 @@ def main(args: Args):
         rng.set_state(ckpt["rng"])
         np_rng.bit_generator.state = ckpt["np_rng"]
         # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
-        episodes.load(dict(ckpt["episodes"], ret=torch.zeros(1, dtype=torch.float64)))
+        episodes.load(ckpt["episodes"], restart=True)
     rb = ReplayBuffer(args.buffer_size, n_obs, n_actions, device)
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
@@ -368,7 +368,7 @@ def main(args: Args):
             real_next_obs, rewards, terminations, truncations, _ = env.step(actions)
             next_obs = real_next_obs  # the buffer gets the real last obs, the loop the next episode's first
             dones = terminations | truncations
-            episodes.record(rewards, dones)
+            episodes.record_one(float(rewards[0]), bool(dones[0]))
             if dones[0]:  # reset now: envpool would spend the next step on it
                 next_obs, _ = env.reset()
             t2 = time.perf_counter()
