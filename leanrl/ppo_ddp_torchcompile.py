@@ -5,6 +5,7 @@ The algorithm, network and defaults of ppo.py (CleanRL's). Its tricks, each in t
 
 - `act`: a rollout step only samples, argmax(logits + Gumbel noise), exact Categorical sampling without a Distribution;
   the log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
+- `numpy_policy` (--numpy-act): a policy acting on the CPU acts through numpy views of the actor's weights.
 - `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
 - `update`: torch.func.grad and torch.optim's functional Adam, so that compiled, forward, backward, clipping and the
   Adam step are one graph (optimizer.step() would break it).
@@ -117,6 +118,9 @@ class Args:
     """with the learner on CUDA, act in the rollout with a host copy of the actor, refreshed after each iteration's
     updates (one copy of ~20 KB): a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches. A CPU
     learner acts with its own actor (no copy)"""
+    numpy_act: bool = True
+    """if toggled, a policy that acts on the CPU (a CPU learner's, or the --host-actor copy) acts through numpy views of
+    the actor's weights: at 4 rows a torch forward is all per-op dispatch"""
     measure_burnin: int = 3
     """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
     log_dir: Optional[str] = None
@@ -304,20 +308,38 @@ def act(actor, x, gumbel):
     return (actor(x) + gumbel).argmax(-1)
 
 
+def numpy_policy(actor: nn.Sequential):
+    """`act` on the CPU from numpy views of the actor's weights. The views share the weights' memory, so every update,
+    refresh and resume is seen without a copy; a few small GEMMs in numpy cost a third of a torch forward."""
+    layers = [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in actor if isinstance(m, nn.Linear)]
+
+    def policy(obs: np.ndarray, gumbel: np.ndarray) -> np.ndarray:
+        x = obs
+        for w, b in layers[:-1]:
+            x = np.tanh(x @ w.T + b)
+        w, b = layers[-1]
+        return (x @ w.T + b + gumbel).argmax(-1)
+
+    return policy
+
+
 def host_copy(module: nn.Module, device: torch.device) -> nn.Module:
     """A copy of `module` on `device` to act with: storage of its own, no autograd; `refresh` keeps it current."""
     return copy.deepcopy(module).requires_grad_(False).to(device)
 
 
 def refresh(acting: nn.Module, learner: nn.Module):
-    """The learner's parameters into its acting copy, in one transfer (~20 KB)."""
+    """The learner's parameters into its acting copy, in one transfer (~20 KB), copied in place: views of the copy's
+    weights (`numpy_policy`) stay valid."""
     flat = nn.utils.parameters_to_vector(learner.parameters()).to(next(acting.parameters()).device)
-    nn.utils.vector_to_parameters(flat, acting.parameters())  # sets each one's .data: autograd stays out
+    with torch.no_grad():
+        torch._foreach_copy_(list(acting.parameters()), flat.split([p.numel() for p in acting.parameters()]))
 
 
-def rollout(envs, policy, act_device, next_obs, next_done, buf, episodes, n_actions: int, rng: torch.Generator):
-    """num_steps steps of every env into `buf`, acting on `act_device`; returns the last obs/done (numpy) and the time
-    split. The env's outputs and the actions are staged in numpy and reach `buf` in one copy per iteration each."""
+def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf, episodes, n_actions: int, rng):
+    """num_steps steps of every env into `buf`, acting on `act_device` (in numpy with `numpy_act`); returns the last
+    obs/done (numpy) and the time split. The env's outputs and the actions are staged in numpy and reach `buf` in one
+    copy per iteration each."""
     num_steps = buf["obs"].shape[0]
     device = buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
@@ -329,11 +351,17 @@ def rollout(envs, policy, act_device, next_obs, next_done, buf, episodes, n_acti
     # one draw per rollout from the loop's generator, brought to where the policy acts in one transfer
     gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()
     gumbel = gumbel.to(act_device)
+    if numpy_act:
+        gumbel = gumbel.numpy()
     for step in range(num_steps):
         obs[step] = next_obs
         dones[step] = next_done
         t0 = time.perf_counter()
-        actions[step] = policy(torch.from_numpy(next_obs).to(act_device, non_blocking=True), gumbel[step]).cpu().numpy()
+        if numpy_act:
+            actions[step] = policy(next_obs, gumbel[step])
+        else:
+            obs_device = torch.from_numpy(next_obs).to(act_device, non_blocking=True)
+            actions[step] = policy(obs_device, gumbel[step]).cpu().numpy()
         t1 = time.perf_counter()
         next_obs, reward, terminations, truncations, _ = envs.step(actions[step])
         t_env += time.perf_counter() - t1
@@ -511,9 +539,10 @@ def main(args: Args):
     host = args.host_actor and device.type == "cuda"
     act_device = torch.device("cpu") if host else device
     acting = host_copy(agent.actor, act_device) if host else agent_inference.actor
+    numpy_act = args.numpy_act and act_device.type == "cpu"
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
-    policy = functools.partial(act, acting)
+    policy = numpy_policy(acting) if numpy_act else functools.partial(act, acting)
     evaluate = agent_inference.forward
     get_value = agent_inference.get_value
     compute_gae = gae
@@ -578,7 +607,7 @@ def main(args: Args):
             if host:  # the acting copy takes the last updates' (or the resumed checkpoint's) parameters
                 refresh(acting, agent.actor)
             next_obs, next_done, t_env, t_policy = rollout(
-                envs, policy, act_device, next_obs, next_done, buf, episodes, n_actions, rng
+                envs, policy, act_device, numpy_act, next_obs, next_done, buf, episodes, n_actions, rng
             )
             global_step += global_batch
             t_rollout = time.perf_counter() - t_iter

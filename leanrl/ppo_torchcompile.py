@@ -219,12 +219,15 @@ def act(actor, x, gumbel):
 
 def numpy_policy(actor: nn.Sequential):
     """`act` on the CPU from numpy views of the actor's weights. The views share the weights' memory, so every update,
-    refresh and resume is seen without a copy; three small GEMMs in numpy cost a third of a torch forward."""
-    (w1, b1), (w2, b2), (w3, b3) = [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in actor[::2]]
+    refresh and resume is seen without a copy; a few small GEMMs in numpy cost a third of a torch forward."""
+    layers = [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in actor if isinstance(m, nn.Linear)]
 
     def policy(obs: np.ndarray, gumbel: np.ndarray) -> np.ndarray:
-        hidden = np.tanh(np.tanh(obs @ w1.T + b1) @ w2.T + b2)
-        return (hidden @ w3.T + b3 + gumbel).argmax(-1)
+        x = obs
+        for w, b in layers[:-1]:
+            x = np.tanh(x @ w.T + b)
+        w, b = layers[-1]
+        return (x @ w.T + b + gumbel).argmax(-1)
 
     return policy
 

@@ -27,7 +27,9 @@ PAIRS = [
 # lines of the base a variant's diff may remove: the trick replaces a few; DDP rewires the loop for its ranks
 MAX_REMOVED = {"ddp": 60}
 # base flags a trick deliberately replaces, with the reason: (variant, flag) -> why
-REPLACED = {}
+REPLACED = {
+    ("ppo_atari_envpool_ddp_torchcompile", "num_threads"): "each rank takes its share of the cores, not all of them",
+}
 
 
 def defaults(script: str) -> dict:
