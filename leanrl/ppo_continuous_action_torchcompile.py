@@ -7,6 +7,7 @@ the tricks remove machinery. Each in the function that holds it (doc/continuous_
 
 - `act`, `Agent.rollout_noise`: a rollout step only samples, mean + std * noise drawn once per rollout; the
   log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
+- `numpy_units` (--numpy-act): a rollout acting on the CPU normalizes and acts in numpy, on views of the tensors.
 - `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
 - `Normalizer`: the observation statistics are tensors updated in place where the rollout acts (compiled, one fused
   step); the reward scaling of a whole rollout is done at once from cumulative sums (`Normalizer.rewards`).
@@ -104,6 +105,10 @@ class Args:
     host_actor: bool = True
     """with a CUDA learner, act with a host copy of actor_mean (refreshed after each iteration's updates: ~20 KB) and
     the normalizer on the host: a one-row 64-unit MLP step costs less there than GPU launches. CPU: no copy"""
+    numpy_act: bool = True
+    """if toggled, a rollout that acts on the CPU (a CPU learner's, or the --host-actor copy) normalizes the obs and
+    acts through numpy views of the normalizer's statistics and of actor_mean's weights: at one row a torch call is
+    all per-op dispatch"""
     measure_burnin: int = 3
     """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
     log_dir: Optional[str] = None
@@ -252,20 +257,53 @@ def act(actor_mean, x, noise):
     return actor_mean(x) + noise
 
 
+def numpy_units(actor_mean: nn.Sequential, normalizer: Normalizer):
+    """`Normalizer.obs` and `act` on the CPU in numpy, from views of the normalizer's statistics (updated in place, as
+    the torch unit does) and of actor_mean's weights: they share the tensors' memory, so every update, refresh and
+    resume is seen without a copy."""
+    layers = [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in actor_mean if isinstance(m, nn.Linear)]
+    mean = normalizer.obs_rms.mean.numpy()
+    var = normalizer.obs_rms.var.numpy()
+    count = normalizer.obs_rms.count.numpy()
+
+    def normalize(obs: np.ndarray) -> np.ndarray:
+        n = obs.shape[0]
+        delta = obs.mean(0) - mean
+        total = count + n
+        var[:] = (var * count + obs.var(0) * n + delta**2 * count * n / total) / total
+        mean[:] = mean + delta * n / total
+        count[:] = total
+        return np.clip((obs - mean) / np.sqrt(var + normalizer.eps), -normalizer.clip, normalizer.clip).astype(
+            np.float32
+        )
+
+    def policy(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        x = obs
+        for w, b in layers[:-1]:
+            x = np.tanh(x @ w.T + b)
+        w, b = layers[-1]
+        return x @ w.T + b + noise
+
+    return normalize, policy
+
+
 def host_copy(module: nn.Module, device: torch.device) -> nn.Module:
     """A copy of `module` on `device` to act with: storage of its own, no autograd; `refresh` keeps it current."""
     return copy.deepcopy(module).requires_grad_(False).to(device)
 
 
 def refresh(acting: nn.Module, learner: nn.Module):
-    """The learner's parameters into its acting copy, in one transfer (~20 KB)."""
+    """The learner's parameters into its acting copy, in one transfer (~20 KB), copied in place: views of the copy's
+    weights (`numpy_units`) stay valid."""
     flat = nn.utils.parameters_to_vector(learner.parameters()).to(next(acting.parameters()).device)
-    nn.utils.vector_to_parameters(flat, acting.parameters())  # sets each one's .data: autograd stays out
+    with torch.no_grad():
+        torch._foreach_copy_(list(acting.parameters()), flat.split([p.numel() for p in acting.parameters()]))
 
 
-def rollout(envs, policy, normalize, normalizer, next_obs, next_done, buf, episodes, noise, action_bounds):
-    """num_steps steps of every env into `buf`, acting where `next_obs` and `noise` are; returns the last (normalized)
-    obs and done, and the time split. Staged in numpy (obs in a list), each field reaches `buf` in one copy."""
+def rollout(envs, policy, normalize, normalizer, numpy_act, next_obs, next_done, buf, episodes, noise, action_bounds):
+    """num_steps steps of every env into `buf`, acting where `next_obs` and `noise` are (in numpy with `numpy_act`);
+    returns the last (normalized) obs and done, and the time split. Staged in numpy (obs in a list), each field
+    reaches `buf` in one copy."""
     num_steps = buf["obs"].shape[0]
     device = next_obs.device
     dones = np.empty(buf["dones"].shape, np.float32)
@@ -279,17 +317,23 @@ def rollout(envs, policy, normalize, normalizer, next_obs, next_done, buf, episo
         obs.append(next_obs)
         dones[step] = next_done
         t0 = time.perf_counter()
-        actions[step] = policy(next_obs, noise[step]).cpu().numpy()
+        if numpy_act:
+            actions[step] = policy(next_obs, noise[step])
+        else:
+            actions[step] = policy(next_obs, noise[step]).cpu().numpy()
         t1 = time.perf_counter()
         raw_obs, reward, next_done = env_step(envs, np.clip(actions[step], *action_bounds))
         t2 = time.perf_counter()
-        next_obs = normalize(torch.from_numpy(raw_obs).to(device, non_blocking=True))
+        if numpy_act:
+            next_obs = normalize(raw_obs)
+        else:
+            next_obs = normalize(torch.from_numpy(raw_obs).to(device, non_blocking=True))
         t_env += t2 - t1
         t_policy += t1 - t0 + time.perf_counter() - t2
         rewards[step] = reward
         returns[step] = normalizer.discounted_return(reward, next_done)
         episodes.record(reward, next_done)
-    buf["obs"].copy_(torch.stack(obs), non_blocking=True)
+    buf["obs"].copy_(torch.from_numpy(np.stack(obs)) if numpy_act else torch.stack(obs), non_blocking=True)
     buf["actions"].copy_(torch.from_numpy(actions), non_blocking=True)
     buf["dones"].copy_(torch.from_numpy(dones), non_blocking=True)
     buf["rewards"].copy_(normalizer.rewards(torch.from_numpy(rewards).to(device), torch.from_numpy(returns).to(device)))
@@ -408,12 +452,15 @@ def main(args: Args):
     act_device = torch.device("cpu") if host else device
     acting = host_copy(agent.actor_mean, act_device) if host else agent_inference.actor_mean
     normalizer = Normalizer(args.num_envs, n_obs, args.gamma, act_device)  # where the rollout acts
+    numpy_act = args.numpy_act and act_device.type == "cpu"
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
     optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
     policy = functools.partial(act, acting)
     normalize = normalizer.obs
+    if numpy_act:
+        normalize, policy = numpy_units(acting, normalizer)
     evaluate = agent_inference.forward
     get_value = agent_inference.get_value
     update_minibatch = functools.partial(update, agent, optimizer, lr, args)
@@ -426,7 +473,8 @@ def main(args: Args):
         if device.type == "cuda":
             evaluate = torch.compile(evaluate)
             get_value = torch.compile(get_value)
-        normalize = torch.compile(normalize)
+        if not numpy_act:
+            normalize = torch.compile(normalize)
         update_minibatch = torch.compile(update_minibatch)
     if args.cudagraphs:
         if act_device.type == "cuda":  # CUDA graphs capture CUDA work only: units acting on the host stay out
@@ -458,7 +506,10 @@ def main(args: Args):
     run = plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step)
     iteration = start_iteration - 1
     with run:
-        next_obs = normalize(torch.from_numpy(envs.reset()[0]).to(act_device))  # with --compile, it compiles here
+        if numpy_act:
+            next_obs = normalize(envs.reset()[0])
+        else:
+            next_obs = normalize(torch.from_numpy(envs.reset()[0]).to(act_device))  # with --compile, it compiles here
         next_done = np.zeros(args.num_envs, dtype=bool)
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
@@ -467,14 +518,16 @@ def main(args: Args):
             if host:  # the acting copy takes the last updates' (or the resumed checkpoint's) parameters
                 refresh(acting, agent.actor_mean)
             noise = agent_inference.rollout_noise(buf["actions"].shape, rng).to(act_device)  # one draw, one transfer
+            if numpy_act:
+                noise = noise.numpy()
             next_obs, next_done, t_env, t_policy = rollout(
-                envs, policy, normalize, normalizer, next_obs, next_done, buf, episodes, noise, action_bounds
+                envs, policy, normalize, normalizer, numpy_act, next_obs, next_done, buf, episodes, noise, action_bounds
             )
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
 
             t0 = time.perf_counter()
-            last_obs = next_obs.to(device)
+            last_obs = torch.from_numpy(next_obs).to(device) if numpy_act else next_obs.to(device)
             last_done = torch.from_numpy(next_done).to(device).float()
             logprobs, _, values = evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
             buf["logprobs"].copy_(logprobs)
