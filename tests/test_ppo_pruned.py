@@ -16,8 +16,17 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import (SMOKE, assert_rejected, load_script, read_metrics, read_metrics_so_far, read_summary, run_script,
-                      smoke_fixture, start_script)
+from conftest import (
+    SMOKE,
+    assert_rejected,
+    load_script,
+    read_metrics,
+    read_metrics_so_far,
+    read_summary,
+    run_script,
+    smoke_fixture,
+    start_script,
+)
 
 CLASSIC, ATARI = "ppo_pruned_torchcompile.py", "ppo_atari_envpool_pruned_torchcompile.py"
 # prune within the smoke budget of 4 iterations: before iterations 2 and 3, each taking half the 0.5 ratio
@@ -42,10 +51,14 @@ def n_params(*shapes):
 
 # half of every hidden layer gone, heads intact: CartPole (4 obs, 2 actions) at 64 x 2, Breakout (4 actions)
 PARAMS = {
-    CLASSIC: (n_params((64, 4, 1), (64, 64, 1), (1, 64, 1), (64, 4, 1), (64, 64, 1), (2, 64, 1)),
-              n_params((32, 4, 1), (32, 32, 1), (1, 32, 1), (32, 4, 1), (32, 32, 1), (2, 32, 1))),
-    ATARI: (n_params((32, 4, 64), (64, 32, 16), (64, 64, 9), (512, 64 * 49, 1), (4, 512, 1), (1, 512, 1)),
-            n_params((16, 4, 64), (32, 16, 16), (32, 32, 9), (256, 32 * 49, 1), (4, 256, 1), (1, 256, 1))),
+    CLASSIC: (
+        n_params((64, 4, 1), (64, 64, 1), (1, 64, 1), (64, 4, 1), (64, 64, 1), (2, 64, 1)),
+        n_params((32, 4, 1), (32, 32, 1), (1, 32, 1), (32, 4, 1), (32, 32, 1), (2, 32, 1)),
+    ),
+    ATARI: (
+        n_params((32, 4, 64), (64, 32, 16), (64, 64, 9), (512, 64 * 49, 1), (4, 512, 1), (1, 512, 1)),
+        n_params((16, 4, 64), (32, 16, 16), (32, 32, 9), (256, 32 * 49, 1), (4, 256, 1), (1, 256, 1)),
+    ),
 }
 
 
@@ -81,8 +94,21 @@ def test_resume_after_pruning(smoke, tmp_path):
     _, first = smoke[CLASSIC, flags]
     ckpt = torch.load(first / "agent.pt", weights_only=True)
     assert ckpt["agent"]["actor.2.weight"].shape == (32, 32)
-    run_script(CLASSIC, "--num-envs", "1", "--num-steps", "64", "--total-timesteps", "384", "--num-threads", "1",
-               *flags, "--resume", str(first / "agent.pt"), log_dir=tmp_path)
+    run_script(
+        CLASSIC,
+        "--num-envs",
+        "1",
+        "--num-steps",
+        "64",
+        "--total-timesteps",
+        "384",
+        "--num-threads",
+        "1",
+        *flags,
+        "--resume",
+        str(first / "agent.pt"),
+        log_dir=tmp_path,
+    )
     rows, summary = read_metrics(tmp_path), read_summary(tmp_path)
     assert [r["iteration"] for r in rows] == [5, 6] and summary["prune_params_after"] == PARAMS[CLASSIC][1]
 
@@ -103,6 +129,7 @@ def test_compiled_matches_eager_through_pruning_steps(tmp_path):
 
 # ---- the surgery, in process --------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module", params=["classic", "atari"])
 def family(request):
     """(module, Agent factory, example inputs, chains): chains(agent) lists, for each path through the agent, the
@@ -110,12 +137,23 @@ def family(request):
     layer becomes in the layer that reads it (49 across the flatten: 7x7 positions per channel)."""
     if request.param == "classic":
         m = load_script("ppo_pruned_torchcompile")
-        return m, lambda: m.Agent(4, 2), (torch.randn(64, 4), torch.randint(0, 2, (64,))), lambda a: [
-            ([a.actor[0], a.actor[2]], [a.actor[4]], [1, 1]), ([a.critic[0], a.critic[2]], [a.critic[4]], [1, 1])]
+        return (
+            m,
+            lambda: m.Agent(4, 2),
+            (torch.randn(64, 4), torch.randint(0, 2, (64,))),
+            lambda a: [
+                ([a.actor[0], a.actor[2]], [a.actor[4]], [1, 1]),
+                ([a.critic[0], a.critic[2]], [a.critic[4]], [1, 1]),
+            ],
+        )
     m = load_script("ppo_atari_envpool_pruned_torchcompile")
     example = (torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8), torch.randint(0, 4, (8,)))
-    return m, lambda: m.Agent(4), example, lambda a: [
-        ([a.network[0], a.network[2], a.network[4], a.network[7]], [a.actor, a.critic], [1, 1, 49, 1])]
+    return (
+        m,
+        lambda: m.Agent(4),
+        example,
+        lambda a: [([a.network[0], a.network[2], a.network[4], a.network[7]], [a.actor, a.critic], [1, 1, 49, 1])],
+    )
 
 
 def outputs(agent, example):
@@ -159,12 +197,17 @@ def test_pruning_step_equals_zeroing_the_removed_units(family, importance):
         optimizer.state[p] = dict(step=torch.tensor(7.0), exp_avg=torch.randn_like(p), exp_avg_sq=torch.rand_like(p))
     old_moments = {name: optimizer.state[p] for name, p in agent.named_parameters()}
     moments = m.prune_step(pruner, optimizer, structural=True)
-    new_optimizer = torch.optim.Adam(agent.parameters())  # what the scripts do after a step
-    new_optimizer.state.update(moments)
+    if moments is None:  # the classic script cuts the optimizer's state in place and points it at the new Parameters
+        new_optimizer = optimizer
+    else:  # the Atari script hands back the cut moments for the optimizer it builds after a step
+        new_optimizer = torch.optim.Adam(agent.parameters())
+        new_optimizer.state.update(moments)
+    assert [id(p) for p in new_optimizer.param_groups[0]["params"]] == [id(p) for p in agent.parameters()]
 
     names = {layer: name for name, layer in agent.named_modules()}
     for (layers, heads, spread), (ref_layers, ref_heads, _), (zero_layers, _, _) in zip(
-            chains(agent), chains(reference), chains(zeroed)):
+        chains(agent), chains(reference), chains(zeroed)
+    ):
         kept_in = torch.arange(ref_layers[0].weight.shape[1])
         for i, (layer, old) in enumerate(zip(layers + heads, ref_layers + ref_heads)):
             n = old.weight.shape[0]
@@ -173,8 +216,8 @@ def test_pruning_step_equals_zeroing_the_removed_units(family, importance):
                 assert len(kept) == int(n * 0.75)
                 removed = torch.tensor(sorted(set(range(n)) - set(kept.tolist())))
                 if importance == "magnitude":
-                    readers = ref_layers[i + 1: i + 2] or ref_heads
-                    assert set(removed.tolist()) == set(group_norms(old, readers).argsort()[:len(removed)].tolist())
+                    readers = ref_layers[i + 1 : i + 2] or ref_heads
+                    assert set(removed.tolist()) == set(group_norms(old, readers).argsort()[: len(removed)].tolist())
                 with torch.no_grad():
                     zero_layers[i].weight[removed] = 0.0
                     zero_layers[i].bias[removed] = 0.0
@@ -221,8 +264,14 @@ def test_mask_mode_zeroes_what_structural_removes_and_masks_survive_updates():
 
     before = [layer.weight.detach().clone() for layer in hidden]
     g = torch.Generator().manual_seed(2)
-    batch = [torch.randn(256, 4, generator=g), torch.randint(0, 2, (256,), generator=g), -torch.rand(256, generator=g),
-             torch.randn(256, generator=g), torch.randn(256, generator=g), torch.randn(256, generator=g)]
+    batch = [
+        torch.randn(256, 4, generator=g),
+        torch.randint(0, 2, (256,), generator=g),
+        -torch.rand(256, generator=g),
+        torch.randn(256, generator=g),
+        torch.randn(256, generator=g),
+        torch.randn(256, generator=g),
+    ]
     for _ in range(3):
         m.update(masked, masked_opt, lr, args, *batch, torch.arange(256))
     for layer, old in zip(hidden, before):
@@ -239,8 +288,12 @@ def test_learns_cartpole_while_pruning_half(tmp_path):
     float kernels give another trajectory from the same seed. LEARNED is what every measured run reached, with a
     margin. The run is stopped with Ctrl-C once it gets there."""
     proc = start_script(CLASSIC, "--prune-ratio", "0.5", "--seed", "1", "--num-threads", "1", log_dir=tmp_path)
-    learned = lambda: any(r["iteration"] > 100 and (r["episodic_return"] or 0) >= LEARNED  # noqa: E731
-                          for r in read_metrics_so_far(tmp_path))
+
+    def learned():
+        return any(
+            r["iteration"] > 100 and (r["episodic_return"] or 0) >= LEARNED for r in read_metrics_so_far(tmp_path)
+        )
+
     proc.wait_until(learned, 900, f"a mean return of {LEARNED} after the last pruning step")
     proc.send_signal(signal.SIGINT)
     assert proc.wait(120, "the exit after Ctrl-C") in (0, 130), proc.stderr[-2000:]

@@ -16,11 +16,22 @@ from conftest import assert_rejected, read_metrics, read_summary, run_ids, run_s
 CLASSIC, ATARI = "ppo_quantized_torchcompile.py", "ppo_atari_envpool_quantized_torchcompile.py"
 # (script, extra flags): each script once compiled and once eager with --cudagraphs (ignored on CPU); a third Atari
 # run acts with the bf16 copy; the classic compiled run also writes a checkpoint
-RUNS = [(CLASSIC, ("--compile", "--quant-async", "--save-model")), (CLASSIC, ("--cudagraphs", "--quant-every", "2")),
-        (ATARI, ("--cudagraphs", "--quant-async")), (ATARI, ("--compile", "--quant-async")),
-        (ATARI, ("--quant-method", "bf16", "--quant-every", "2"))]
-QUANT_FIELDS = ("quant_method", "quant_every", "quant_async", "policy_bytes_fp32", "policy_bytes_quant",
-                "policy_latency_fp32_us", "policy_latency_quant_us")
+RUNS = [
+    (CLASSIC, ("--compile", "--quant-async", "--save-model")),
+    (CLASSIC, ("--cudagraphs", "--quant-every", "2")),
+    (ATARI, ("--cudagraphs", "--quant-async")),
+    (ATARI, ("--compile", "--quant-async")),
+    (ATARI, ("--quant-method", "bf16", "--quant-every", "2")),
+]
+QUANT_FIELDS = (
+    "quant_method",
+    "quant_every",
+    "quant_async",
+    "policy_bytes_fp32",
+    "policy_bytes_quant",
+    "policy_latency_fp32_us",
+    "policy_latency_quant_us",
+)
 
 
 classic = script_fixture("ppo_quantized_torchcompile")
@@ -32,7 +43,8 @@ smoke = smoke_fixture(RUNS)
 
 def rebuilt_at(flags) -> list:
     """The iterations (1-4) whose row carries a t_quant: sync rebuilds are logged where they run; an async rebuild
-    is started at one boundary and logged at the next, where it is swapped in (the first copy is always built in line)."""
+    is started at one boundary and logged at the next, where it is swapped in (the first copy is always built in
+    line)."""
     every = int(flags[flags.index("--quant-every") + 1]) if "--quant-every" in flags else 1
     due = [i for i in range(1, 5) if (i - 1) % every == 0]
     return [1] + [i + 1 for i in due[1:] if i < 4] if "--quant-async" in flags else due
@@ -84,7 +96,7 @@ def test_int8_policy_close_to_fp32(classic, width, depth):
     # quantized per row, so a row's numbers do not depend on its batch
     actions = torch.randint(0, 2, (64,))
     batched = classic.behaviour_logprob(quantized, obs[:64], actions)
-    single = torch.cat([classic.behaviour_logprob(quantized, obs[i:i + 1], actions[i:i + 1]) for i in range(64)])
+    single = torch.cat([classic.behaviour_logprob(quantized, obs[i : i + 1], actions[i : i + 1]) for i in range(64)])
     torch.testing.assert_close(batched, single, rtol=0, atol=1e-5)
 
 
