@@ -7,30 +7,19 @@ one autograd step per minibatch. It is the yardstick the accelerated scripts are
     python leanrl/ppo.py --compile            # the same code under a naive torch.compile of the agent
 """
 
-import contextlib
-import importlib.util
-import io
-import json
-import math
-import os
-import platform
-import signal
-import sys
-import tempfile
 import time
-from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Optional
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import tqdm
-import tyro
 from torch.distributions.categorical import Categorical
 
-SCRIPT = os.path.basename(__file__)[: -len(".py")]
+import plumbing
+
+SCRIPT = plumbing.script_name(__file__)
 
 
 @dataclass
@@ -103,78 +92,24 @@ class Args:
     """torch intra-op threads (1 measures fastest for these 64-unit layers)"""
 
 
-def fail(message: str):
-    """A user mistake: one line on stderr, exit code 2, no traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def parse_args() -> Args:
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            return tyro.cli(Args)
-    except SystemExit as e:
-        if e.code:  # tyro draws a multi-line box: fold it into the one line a user mistake gets
-            lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
-            fail(" ".join(ln for ln in lines[1:] if ln and not ln.startswith("For full helptext")))
-        raise
-
-
-def check_env_id(env_id: str):
-    spec = gym.registry.get(env_id)
-    if spec is not None and "classic_control" in str(spec.entry_point):
-        if isinstance(gym.make(env_id).action_space, gym.spaces.Discrete):
-            return
-        fail(f"--env-id {env_id} has continuous actions; this script is for discrete classic control (e.g. CartPole-v1)")
-    import envpool.registration  # knows the Atari and MuJoCo ids, to point at the right script
-    family = envpool.registration.registry.specs.get(env_id, ("",))[0]
-    if "atari" in family:
-        fail(f"--env-id {env_id} is an Atari game; use leanrl/ppo_atari_envpool.py")
-    if spec is not None and "mujoco" in str(spec.entry_point) or "mujoco" in family:
-        fail(f"--env-id {env_id} is a MuJoCo task; this script is for discrete classic control (e.g. CartPole-v1)")
-    known = [k for k, s in gym.registry.items() if "classic_control" in str(s.entry_point)]
-    fail(f"--env-id {env_id}: unknown env id; discrete classic-control ids: {', '.join(sorted(known))}")
-
-
 def check_args(args: Args) -> Optional[dict]:
     """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
-    def need(ok: bool, name: str, what: str):
-        if not ok:
-            fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
-        need(getattr(args, name) > 0, name, "positive")
-    for name in ("learning_rate", "clip_coef", "max_grad_norm"):
-        need(0 < getattr(args, name) < math.inf, name, "positive and finite")
-    for name in ("ent_coef", "vf_coef"):
-        need(0 <= getattr(args, name) < math.inf, name, "non-negative and finite")
-    for name in ("gamma", "gae_lambda"):
-        need(0 < getattr(args, name) <= 1, name, "in (0, 1]")
-    need(0 <= args.seed < 2**31, "seed", "in [0, 2**31)")
-    need(args.measure_burnin >= 0, "measure_burnin", "non-negative")
-    need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
+    plumbing.positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    plumbing.positive_finite(args, "learning_rate", "clip_coef", "max_grad_norm", "target_kl")
+    plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
+    plumbing.unit_interval(args, "gamma", "gae_lambda")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
-             f"(num_envs x num_steps); pick a divisor of {batch_size}")
+        plumbing.fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
+            f"(num_envs x num_steps); pick a divisor of {batch_size}"
+        )
     if args.total_timesteps < batch_size:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
-    check_env_id(args.env_id)
-    if args.capture_video and not all(importlib.util.find_spec(m) for m in ("moviepy", "pygame")):
-        fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
-    ckpt = load_checkpoint(args) if args.resume else None
-    check_log_dir(args)
-    return ckpt
-
-
-def check_log_dir(args: Args):
-    """Last, so that a bad flag never leaves a folder behind: the log dir (default resolved into args) is writable."""
-    args.log_dir = args.log_dir or f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
-    try:
-        os.makedirs(args.log_dir, exist_ok=True)
-        tempfile.TemporaryFile(dir=args.log_dir).close()
-    except OSError as e:
-        fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
+        plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
+    if args.cudagraphs and args.cuda and torch.cuda.is_available():
+        plumbing.fail("--cudagraphs needs the units of leanrl/ppo_torchcompile.py; ppo.py is the eager baseline")
+    plumbing.check_env_id(args.env_id, "classic", "ppo")
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), video=True)
 
 
 def make_env(env_id, idx, capture_video, video_dir):
@@ -207,8 +142,13 @@ def env_state(envs) -> list:
     out = []
     for env in envs.envs:
         u, limit = env_parts(env)
-        out.append(dict(state=torch.as_tensor(np.array(u.state, dtype=np.float64)), rng=u.np_random.bit_generator.state,
-                        elapsed=limit._elapsed_steps, beyond=getattr(u, "steps_beyond_terminated", None)))
+        state = dict(
+            state=torch.as_tensor(np.array(u.state, dtype=np.float64)),
+            rng=u.np_random.bit_generator.state,
+            elapsed=limit._elapsed_steps,
+            beyond=getattr(u, "steps_beyond_terminated", None),
+        )
+        out.append(state)
     return out
 
 
@@ -257,76 +197,28 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
 
-def machine_info(device: torch.device) -> dict:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
-
-
-class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent;
-    a second Ctrl-C stops at once."""
-
-    def __init__(self):
-        self.set = False
-        signal.signal(signal.SIGINT, self.handle)
-        signal.signal(signal.SIGTERM, self.handle)
-
-    def handle(self, signum, frame):
-        if self.set:
-            raise KeyboardInterrupt
-        self.set = True
-        print("\nstopping after this iteration (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr)
-
-
-def save_checkpoint(path: str, payload: dict):
-    tmp = path + ".tmp"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)  # atomic: a crash mid-write never leaves a truncated agent.pt
-
-
-def load_checkpoint(args: Args) -> dict:
-    try:
-        ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
-        saved, writer = ckpt["args"], ckpt.get("script", SCRIPT)  # checkpoints from before the key: this script's
-    except Exception as e:  # a missing, corrupt or foreign file is a user mistake, not a crash
-        fail(f"--resume {args.resume}: " + ("no such file" if isinstance(e, FileNotFoundError) else
-                                            f"not a checkpoint this script wrote ({type(e).__name__})"))
-    if writer != SCRIPT:
-        fail(f"--resume {args.resume} was written by {writer}.py; resume it with that script")
-    for key in ("env_id", "num_envs", "num_steps"):
-        if saved.get(key, getattr(args, key)) != getattr(args, key):
-            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {saved[key]}; pass the same")
-    return ckpt
-
-
 def main(args: Args):
     ckpt = check_args(args)
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    log_dir = args.log_dir  # resolved and created by check_args
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.num_threads)
     rng = np.random.default_rng(args.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if args.cudagraphs and device.type != "cuda":
-        print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
-    elif args.cudagraphs:
-        fail("ppo.py is the eager baseline; --cudagraphs needs the units of leanrl/ppo_torchcompile.py")
+    device = plumbing.pick_device(args)
 
-    envs = make_envs(args, os.path.join(log_dir, "videos"))
-    n_obs, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
+    envs = make_envs(args, f"{args.log_dir}/videos")
+    n_obs = envs.single_observation_space.shape[0]
+    n_actions = envs.single_action_space.n
     agent = Agent(n_obs, n_actions).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    get_action_and_value, get_value = agent.get_action_and_value, agent.get_value
+    get_action_and_value = agent.get_action_and_value
+    get_value = agent.get_value
     if args.compile:
-        get_action_and_value, get_value = torch.compile(get_action_and_value), torch.compile(get_value)
+        get_action_and_value = torch.compile(get_action_and_value)
+        get_value = torch.compile(get_value)
 
     obs = torch.zeros((args.num_steps, args.num_envs, n_obs)).to(device)
     actions = torch.zeros((args.num_steps, args.num_envs)).to(device)
@@ -335,49 +227,35 @@ def main(args: Args):
     dones = torch.zeros((args.num_steps, args.num_envs)).to(device)
     values = torch.zeros((args.num_steps, args.num_envs)).to(device)
 
-    # episode statistics from the raw rewards: the returns logged are the real, unclipped ones
-    ep_return, ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
-    finished = deque(maxlen=20)
-    global_step, start_iteration = 0, 1
+    episodes = plumbing.Episodes(args.num_envs)
+    global_step = 0
+    start_iteration = 1
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.Tensor(next_obs).to(device)
     next_done = torch.zeros(args.num_envs).to(device)
-    if args.resume:
+    if ckpt:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
         torch.set_rng_state(ckpt["torch_rng"])
         rng.bit_generator.state = ckpt["np_rng"]
         set_env_state(envs, ckpt["env"])
-        next_obs, next_done = ckpt["next_obs"].to(device), ckpt["next_done"].to(device)
-        ep_return, ep_length = ckpt["ep_return"].numpy(), ckpt["ep_length"].numpy()
-        finished.extend(ckpt["finished"].tolist())
-        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
+        next_obs = ckpt["next_obs"].to(device)
+        next_done = ckpt["next_done"].to(device)
+        episodes.load(ckpt["episodes"])
+        global_step = ckpt["global_step"]
+        start_iteration = ckpt["iteration"] + 1
 
-    def checkpoint(iteration):
-        save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            script=SCRIPT, agent=agent.state_dict(), optimizer=optimizer.state_dict(), args=asdict(args),
-            iteration=iteration, global_step=global_step, torch_rng=torch.get_rng_state(), np_rng=rng.bit_generator.state,
-            env=env_state(envs), next_obs=next_obs.cpu(), next_done=next_done.cpu(), ep_return=torch.as_tensor(ep_return),
-            ep_length=torch.as_tensor(ep_length), finished=torch.tensor(list(finished), dtype=torch.float64)))
-
-    run = None
-    if args.track:
-        import wandb
-
-        run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
-                         name=os.path.basename(log_dir), dir=log_dir, save_code=True)
-    metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
-    stop = StopFlag()
-    bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
-    iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
-    try:
+    run = plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step)
+    iteration = start_iteration - 1
+    with run:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
                 optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
-            t_env = t_policy = 0.0
+            t_env = 0.0
+            t_policy = 0.0
             for step in range(0, args.num_steps):
                 global_step += args.num_envs
                 obs[step] = next_obs
@@ -395,12 +273,9 @@ def main(args: Args):
                 t_policy += t1 - t0
                 next_done = np.logical_or(terminations, truncations)
                 rewards[step] = torch.tensor(reward).to(device).view(-1)
-                ep_return += reward
-                ep_length += 1
-                for i in np.flatnonzero(next_done):
-                    finished.append(ep_return[i])
-                ep_return[next_done], ep_length[next_done] = 0, 0
-                next_obs, next_done = torch.Tensor(next_obs).to(device), torch.Tensor(next_done).to(device)
+                episodes.record(reward, next_done)
+                next_obs = torch.Tensor(next_obs).to(device)
+                next_done = torch.Tensor(next_done).to(device)
             t_rollout = time.perf_counter() - t_iter
 
             # bootstrap value if not done
@@ -433,10 +308,11 @@ def main(args: Args):
             # Optimizing the policy and value network
             b_inds = np.arange(args.batch_size)
             stats = []
-            for epoch in range(args.update_epochs):
+            for _epoch in range(args.update_epochs):
                 rng.shuffle(b_inds)
-                for start_mb in range(0, args.batch_size, args.minibatch_size):
-                    mb_inds = b_inds[start_mb:start_mb + args.minibatch_size]
+                for start in range(0, args.batch_size, args.minibatch_size):
+                    end = start + args.minibatch_size
+                    mb_inds = b_inds[start:end]
 
                     _, newlogprob, entropy, newvalue = get_action_and_value(b_obs[mb_inds], b_actions.long()[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]
@@ -461,7 +337,8 @@ def main(args: Args):
                     if args.clip_vloss:
                         v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
                         v_clipped = b_values[mb_inds] + torch.clamp(
-                            newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef)
+                            newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
+                        )
                         v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
                         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
                     else:
@@ -474,59 +351,50 @@ def main(args: Args):
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     optimizer.step()
-                    stats.append([approx_kl.item(), clipfrac.item(), pg_loss.item(), v_loss.item(), entropy_loss.item()])
+                    stats.append(
+                        [approx_kl.item(), clipfrac.item(), pg_loss.item(), v_loss.item(), entropy_loss.item()]
+                    )
 
                 if args.target_kl is not None and approx_kl > args.target_kl:
                     break
             t_update = time.perf_counter() - t0
 
-            # steady-state fps: whole iterations after the burn-in
-            now = time.perf_counter()
-            iter_times.append(now - t_iter)
-            if iteration - start_iteration + 1 == args.measure_burnin:
-                measure_from = (now, global_step)
-            fps = None
-            if measure_from and global_step > measure_from[1]:
-                fps = (global_step - measure_from[1]) / (now - measure_from[0])
-            mean_stats = np.mean(stats, axis=0).tolist()
-            row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
-                       episodic_return=float(np.mean(finished)) if finished else None,
-                       t_rollout=t_rollout, t_env=t_env, t_policy=t_policy, t_gae=t_gae, t_update=t_update,
-                       lr=optimizer.param_groups[0]["lr"],
-                       **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy"), mean_stats)))
-            metrics.write(json.dumps(row) + "\n")
-            if run:
-                run.log(row, step=global_step)
-            bar.update(args.batch_size)
-            bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
-            if stop.set:
+            run.log(
+                global_step,
+                steady=iteration - start_iteration + 1 >= args.measure_burnin,
+                iteration=iteration,
+                episodic_return=episodes.mean(),
+                t_rollout=t_rollout,
+                t_env=t_env,
+                t_policy=t_policy,
+                t_gae=t_gae,
+                t_update=t_update,
+                lr=optimizer.param_groups[0]["lr"],
+                **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy"), np.mean(stats, axis=0).tolist())),
+            )
+            if args.compile and iteration == start_iteration:
+                run.compiled()
+            if run.stopping:
                 break
-    except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
-        stop.set = forced = True
-    finally:
-        bar.close()
-        metrics.close()
-        envs.close()
-    if args.save_model and not forced and iteration >= start_iteration:
-        checkpoint(iteration)
-
-    steady = iter_times[args.measure_burnin:]
-    summary = dict(script=SCRIPT, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
-                   num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
-                   wall_time=time.perf_counter() - start, fps=fps if measure_from else None,
-                   final_return=float(np.mean(finished)) if finished else None,
-                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   interrupted=stop.set)
-    with open(os.path.join(log_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    if run:
-        run.summary.update(summary)
-        run.finish()
-    print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
-          f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
-    if stop.set:
-        sys.exit(130)
+    envs.close()
+    if args.save_model and run.consistent and iteration >= start_iteration:
+        plumbing.save_checkpoint(
+            f"{args.log_dir}/agent.pt",
+            SCRIPT,
+            args,
+            agent=agent.state_dict(),
+            optimizer=optimizer.state_dict(),
+            iteration=iteration,
+            global_step=global_step,
+            torch_rng=torch.get_rng_state(),
+            np_rng=rng.bit_generator.state,
+            env=env_state(envs),
+            next_obs=next_obs.cpu(),
+            next_done=next_done.cpu(),
+            episodes=episodes.state(),
+        )
+    run.finish(global_step, episodes.mean(), run.compile_time() if args.compile else None)
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    main(plumbing.parse_args(Args))

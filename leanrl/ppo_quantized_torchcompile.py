@@ -1,62 +1,62 @@
-"""PPO on discrete classic control (CartPole-v1) that acts with an int8 copy of the policy.
+"""PPO on discrete classic control (CartPole-v1) acting with an int8 copy of its policy: ppo_torchcompile.py plus that.
 
-ppo_torchcompile.py plus one trick: the rollout acts with an int8 copy of the actor (torchao's
-Int8DynamicActivationInt8WeightConfig: int8 weights and activations, VNNI/AMX GEMMs on x86, int8 tensor cores on CUDA),
-rebuilt from the trained fp32 weights every `--quant-every` iterations (`--quant-async`: in a background thread). The
-update trains the fp32 agent; the stored log-probabilities are the copy's, so its ratio is a true importance ratio.
-`--hidden-dim` / `--hidden-depth` widen the MLP, where int8 can pay (doc/quantized.md). The base script's notes follow.
+The trick, in the functions that hold it (doc/quantized.md measures it):
 
-The algorithm, network and defaults of ppo.py (CleanRL's), cut LeanRL-style into units that torch.compile and CUDA
-graphs can wrap: `policy` (one rollout step), `gae`, `update` (one minibatch, optimizer step inside). On a CPU a
-64-unit MLP costs less than the machinery around it, so the tricks remove machinery: a rollout step only samples
-(argmax(logits + Gumbel noise) is exact Categorical sampling, without a Distribution object; log-probabilities and
-values come from one batched forward afterwards), with an inference copy of the agent (shared storage, no autograd);
-the env's outputs are staged in numpy and reach the buffers in one copy per iteration; `update` takes torch.func.grad
-and applies torch.optim's functional Adam, so that compiled, forward, backward, clipping and the Adam step are one graph
-(one entry per minibatch instead of four: optimizer.step forces a graph break); lr is a tensor changed in place (no
-recompilation); once all has compiled the guards are skipped. doc/classic_control.md has the measurements of each.
+- `quantize_actor`: the rollout acts with an int8 copy of the actor (torchao's Int8DynamicActivationInt8WeightConfig:
+  int8 weights and activations, VNNI/AMX GEMMs on x86, int8 tensor cores on CUDA); with --host-actor and a CUDA
+  learner the copy is made from the host copy of the actor and acts on the host.
+- `Requantizer`: the copy is rebuilt from the trained fp32 weights every --quant-every iterations (--quant-async: in
+  a background thread, acting from the next iteration).
+- `behaviour_logprob`: the stored log-probabilities are the int8 copy's, so the update's ratio (the fp32 agent is
+  trained) is a true importance ratio.
+- `mlp`: --hidden-dim / --hidden-depth widen the MLP, where int8 can pay.
+
+The algorithm, network and defaults of ppo.py (CleanRL's). The base's tricks, each in the function that holds it
+(doc/classic_control.md measures each):
+
+- `act`: a rollout step only samples, argmax(logits + Gumbel noise), exact Categorical sampling without a Distribution;
+  the log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
+- `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
+- `update`: torch.func.grad and torch.optim's functional Adam, so that compiled, forward, backward, clipping and the
+  Adam step are one graph (optimizer.step() would break it).
+- `host_copy`, `refresh` (--host-actor): a CUDA learner acts through a host copy of the actor, refreshed once per
+  iteration: a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches.
+- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs);
+  lr is a tensor changed in place (no recompilation); once all has compiled the guards are skipped.
 
     python leanrl/ppo_quantized_torchcompile.py --compile                                      # CPU or GPU
     python leanrl/ppo_quantized_torchcompile.py --compile --hidden-dim 512 --hidden-depth 4 --quant-async
 """
 
-import contextlib
 import copy
 import functools
-import importlib.util
 import io
-import json
 import logging
-import math
-import os
-import platform
-import signal
-import sys
-import tempfile
 import time
 import timeit
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Optional
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import tqdm
-import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
 from torch.optim.adam import adam
 
+import plumbing
+
 # torchao 0.18 on a CPU-only torch logs, at import, that its CUDA kernels did not load: noise, not the user's concern
 logging.getLogger("torchao").setLevel(logging.ERROR)
 logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
-from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_  # noqa: E402
 
-SCRIPT = os.path.basename(__file__)[: -len(".py")]
+SCRIPT = plumbing.script_name(__file__)
+QUANT_METHOD = (
+    "torchao Int8DynamicActivationInt8WeightConfig (Linear: int8 weights per channel, int8 activations per row)"
+)
 
 
 @dataclass
@@ -124,7 +124,11 @@ class Args:
     compile: bool = False
     """if toggled, wrap the policy, gae and update units in torch.compile"""
     cudagraphs: bool = False
-    """if toggled, wrap the policy, gae and update units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
+    """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
+    host_actor: bool = True
+    """with the learner on CUDA, keep a host copy of the actor, refreshed after each iteration's updates (one copy of
+    ~20 KB), and build the int8 copy from it and act with it on the host: a 4-row step of a 64-unit MLP costs less on
+    the CPU than GPU launches. A CPU learner quantizes its own actor (no host copy)"""
     measure_burnin: int = 3
     """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
     log_dir: Optional[str] = None
@@ -137,79 +141,25 @@ class Args:
     """torch intra-op threads (1 measures fastest for these 64-unit layers)"""
 
 
-def fail(message: str):
-    """A user mistake: one line on stderr, exit code 2, no traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def parse_args() -> Args:
-    try:
-        with contextlib.redirect_stderr(err := io.StringIO()):
-            return tyro.cli(Args)
-    except SystemExit as e:
-        if e.code:  # tyro draws a multi-line box: fold it into the one line a user mistake gets
-            lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
-            fail(" ".join(ln for ln in lines[1:] if ln and not ln.startswith("For full helptext")))
-        raise
-
-
-def check_env_id(env_id: str):
-    spec = gym.registry.get(env_id)
-    if spec is not None and "classic_control" in str(spec.entry_point):
-        if isinstance(gym.make(env_id).action_space, gym.spaces.Discrete):
-            return
-        fail(f"--env-id {env_id} has continuous actions; this script is for discrete classic control (e.g. CartPole-v1)")
-    import envpool.registration  # knows the Atari and MuJoCo ids, to point at the right script
-    family = envpool.registration.registry.specs.get(env_id, ("",))[0]
-    if "atari" in family:
-        fail(f"--env-id {env_id} is an Atari game; use leanrl/ppo_atari_envpool.py")
-    if spec is not None and "mujoco" in str(spec.entry_point) or "mujoco" in family:
-        fail(f"--env-id {env_id} is a MuJoCo task; this script is for discrete classic control (e.g. CartPole-v1)")
-    known = [k for k, s in gym.registry.items() if "classic_control" in str(s.entry_point)]
-    fail(f"--env-id {env_id}: unknown env id; discrete classic-control ids: {', '.join(sorted(known))}")
-
-
 def check_args(args: Args) -> Optional[dict]:
     """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
-    def need(ok: bool, name: str, what: str):
-        if not ok:
-            fail(f"--{name.replace('_', '-')} must be {what}, got {getattr(args, name)}")
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_threads"):
-        need(getattr(args, name) > 0, name, "positive")
-    for name in ("learning_rate", "clip_coef", "max_grad_norm"):
-        need(0 < getattr(args, name) < math.inf, name, "positive and finite")
-    for name in ("ent_coef", "vf_coef"):
-        need(0 <= getattr(args, name) < math.inf, name, "non-negative and finite")
-    for name in ("gamma", "gae_lambda"):
-        need(0 < getattr(args, name) <= 1, name, "in (0, 1]")
-    need(0 <= args.seed < 2**31, "seed", "in [0, 2**31)")
-    need(args.measure_burnin >= 0, "measure_burnin", "non-negative")
-    need(args.target_kl is None or 0 < args.target_kl < math.inf, "target_kl", "positive and finite")
-    for name in ("hidden_dim", "hidden_depth", "quant_every"):
-        need(getattr(args, name) > 0, name, "positive")
+    plumbing.positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    plumbing.positive_finite(args, "learning_rate", "clip_coef", "max_grad_norm", "target_kl")
+    plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
+    plumbing.unit_interval(args, "gamma", "gae_lambda")
+    plumbing.positive(args, "hidden_dim", "hidden_depth", "quant_every")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
-             f"(num_envs x num_steps); pick a divisor of {batch_size}")
+        plumbing.fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
+            f"(num_envs x num_steps); pick a divisor of {batch_size}"
+        )
     if args.total_timesteps < batch_size:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
-    check_env_id(args.env_id)
-    if args.capture_video and not all(importlib.util.find_spec(m) for m in ("moviepy", "pygame")):
-        fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
-    ckpt = load_checkpoint(args) if args.resume else None
-    check_log_dir(args)
-    return ckpt
-
-
-def check_log_dir(args: Args):
-    """Last, so that a bad flag never leaves a folder behind: the log dir (default resolved into args) is writable."""
-    args.log_dir = args.log_dir or f"runs/{args.env_id.replace('/', '-')}__{SCRIPT}__{args.seed}__{int(time.time())}"
-    try:
-        os.makedirs(args.log_dir, exist_ok=True)
-        tempfile.TemporaryFile(dir=args.log_dir).close()
-    except OSError as e:
-        fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
+        plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
+    plumbing.check_env_id(args.env_id, "classic", "ppo")
+    return plumbing.check_run(
+        args, SCRIPT, same=("env_id", "num_envs", "num_steps", "hidden_dim", "hidden_depth"), video=True
+    )
 
 
 def make_envs(args: Args, video_dir: str):
@@ -221,8 +171,11 @@ def make_envs(args: Args, video_dir: str):
             return gym.wrappers.RecordVideo(gym.make(args.env_id, render_mode="rgb_array"), video_dir)
         return gym.make(args.env_id)
 
-    return gym.vector.SyncVectorEnv([functools.partial(make, i) for i in range(args.num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
+    return gym.vector.SyncVectorEnv(
+        [functools.partial(make, i) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        copy=False,
+    )
 
 
 def env_parts(env):
@@ -234,9 +187,15 @@ def env_parts(env):
 
 def env_state(envs) -> list:
     """Everything that moves in a classic-control vector env: a checkpoint holding it resumes bit for bit."""
-    return [dict(state=torch.as_tensor(np.array(u.state, dtype=np.float64)), rng=u.np_random.bit_generator.state,
-                 elapsed=limit._elapsed_steps, beyond=getattr(u, "steps_beyond_terminated", None))
-            for u, limit in map(env_parts, envs.envs)]
+    return [
+        dict(
+            state=torch.as_tensor(np.array(u.state, dtype=np.float64)),
+            rng=u.np_random.bit_generator.state,
+            elapsed=limit._elapsed_steps,
+            beyond=getattr(u, "steps_beyond_terminated", None),
+        )
+        for u, limit in map(env_parts, envs.envs)
+    ]
 
 
 def set_env_state(envs, states: list):
@@ -253,6 +212,7 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 def mlp(n_in: int, n_out: int, out_std: float, width: int, depth: int) -> nn.Sequential:
+    """CleanRL's MLP (Linear, Tanh, ..., Linear) with `depth` hidden layers of `width` units."""
     sizes = [n_in] + [width] * depth
     hidden = [m for a, b in zip(sizes, sizes[1:]) for m in (layer_init(nn.Linear(a, b)), nn.Tanh())]
     return nn.Sequential(*hidden, layer_init(nn.Linear(width, n_out), std=out_std))
@@ -284,14 +244,8 @@ def quantize_actor(actor: nn.Sequential, sample_obs) -> nn.Sequential:
     return actor
 
 
-def act(actor, x, gumbel):
-    """One rollout step: an action sampled by the Gumbel-max trick, argmax(logits + Gumbel noise), which is exact
-    Categorical sampling. Acting needs nothing else: the behaviour log-probabilities come from one batched forward of
-    the same int8 copy afterwards (its weights do not change during a rollout, so the same numbers)."""
-    return (actor(x) + gumbel).argmax(-1)
-
-
 def behaviour_logprob(actor, x, action):
+    """The log-probability of `action` under the acting copy: the behaviour policy's, for the update's ratio."""
     return actor(x).log_softmax(-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
 
@@ -301,9 +255,13 @@ class Requantizer:
     boundary on. t_quant: the rebuild's time; t_swap: the loop's (sync: the rebuild; async: the wait)."""
 
     def __init__(self, actor: nn.Sequential, sample_obs, every: int, background: bool):
-        self.actor, self.sample_obs, self.every = actor, sample_obs, every
+        self.actor = actor
+        self.sample_obs = sample_obs
+        self.every = every
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="quantize") if background else None
-        self.current = self.pending = self.t_quant = None
+        self.current = None
+        self.pending = None
+        self.t_quant = None
 
     def build(self, snapshot):
         t0 = time.perf_counter()
@@ -311,9 +269,11 @@ class Requantizer:
 
     def refresh(self, age: int):
         """Call at the start of every iteration; `age` counts the iterations of this run so far. Returns t_swap."""
-        t0, self.t_quant = time.perf_counter(), None
+        t0 = time.perf_counter()
+        self.t_quant = None
         if self.pending is not None:
-            (self.current, self.t_quant), self.pending = self.pending.result(), None
+            self.current, self.t_quant = self.pending.result()
+            self.pending = None
         if age % self.every == 0:
             # registered Parameters (an inference copy's plain tensors would be invisible to .to() and state_dict)
             snapshot = copy.deepcopy(self.actor)
@@ -330,7 +290,8 @@ class Requantizer:
 
 def policy_bytes(module: nn.Module) -> int:
     """The size of the policy's serialized state (torch.save), as it would be shipped to an actor process."""
-    torch.save(module.state_dict(), out := io.BytesIO())
+    out = io.BytesIO()
+    torch.save(module.state_dict(), out)
     return out.getbuffer().nbytes
 
 
@@ -339,27 +300,44 @@ def forward_latency(policy, x, gumbel, reps: int = 200) -> float:
     return float(np.median(timeit.repeat(lambda: policy(x, gumbel), number=reps, repeat=6)[1:])) / reps
 
 
-def rollout(envs, policy, next_obs, next_done, buf, episodes, n_actions: int, rng: torch.Generator):
-    """num_steps steps of every env into `buf`; returns the last obs/done (numpy) and the time split. The env's outputs
-    (in numpy) and the actions (in a list) reach `buf` in one copy per iteration, not several tensor ops per step."""
+def act(actor, x, gumbel):
+    """One rollout step: argmax(logits + Gumbel noise), exact Categorical sampling. Acting needs nothing else: the
+    rollout's log-probabilities and values come from one batched forward afterwards (same numbers)."""
+    return (actor(x) + gumbel).argmax(-1)
+
+
+def host_copy(module: nn.Module, device: torch.device) -> nn.Module:
+    """A copy of `module` on `device` to act with: storage of its own, no autograd; `refresh` keeps it current."""
+    return copy.deepcopy(module).requires_grad_(False).to(device)
+
+
+def refresh(acting: nn.Module, learner: nn.Module):
+    """The learner's parameters into its acting copy, in one transfer (~20 KB)."""
+    flat = nn.utils.parameters_to_vector(learner.parameters()).to(next(acting.parameters()).device)
+    nn.utils.vector_to_parameters(flat, acting.parameters())  # sets each one's .data: autograd stays out
+
+
+def rollout(envs, policy, act_device, next_obs, next_done, buf, episodes, n_actions: int, rng: torch.Generator):
+    """num_steps steps of every env into `buf`, acting on `act_device`; returns the last obs/done (numpy) and the time
+    split. The env's outputs and the actions are staged in numpy and reach `buf` in one copy per iteration each."""
     num_steps, device = buf["obs"].shape[0], buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
     dones, rewards = np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
-    gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()  # one draw per rollout
-    actions, t_env, t_policy = [], 0.0, 0.0
+    actions, t_env, t_policy = np.empty(buf["actions"].shape, np.int64), 0.0, 0.0
+    # one draw per rollout from the loop's generator, brought to where the policy acts in one transfer
+    gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()
+    gumbel = gumbel.to(act_device)
     for step in range(num_steps):
         obs[step], dones[step] = next_obs, next_done
         t0 = time.perf_counter()
-        action = policy(torch.from_numpy(next_obs).to(device, non_blocking=True), gumbel[step])
-        actions.append(action)
+        actions[step] = policy(torch.from_numpy(next_obs).to(act_device, non_blocking=True), gumbel[step]).cpu().numpy()
         t1 = time.perf_counter()
-        next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
+        next_obs, reward, terminations, truncations, _ = envs.step(actions[step])
         t_env, t_policy = t_env + time.perf_counter() - t1, t_policy + t1 - t0
         next_done, rewards[step] = terminations | truncations, reward
         episodes.record(reward, next_done)
-    for key, x in (("obs", obs), ("dones", dones), ("rewards", rewards)):
+    for key, x in (("obs", obs), ("actions", actions), ("dones", dones), ("rewards", rewards)):
         buf[key].copy_(torch.from_numpy(x), non_blocking=True)
-    torch.stack(actions, out=buf["actions"])
     return next_obs, next_done, t_env, t_policy
 
 
@@ -383,7 +361,9 @@ def ppo_loss(params, agent, args, obs, actions, logprobs, advantages, returns, v
     clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
     if args.norm_adv:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    pg_loss = torch.max(
+        -advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    ).mean()
     if args.clip_vloss:
         v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
         v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
@@ -400,16 +380,33 @@ def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, retur
     compiled, this whole function is one graph (loss.backward() and optimizer.step() would each break it)."""
     params = {name: p.detach() for name, p in agent.named_parameters()}
     grads, stats = torch.func.grad(ppo_loss, has_aux=True)(
-        params, agent, args, obs[inds], actions[inds], logprobs[inds], advantages[inds], returns[inds], values[inds])
+        params, agent, args, obs[inds], actions[inds], logprobs[inds], advantages[inds], returns[inds], values[inds]
+    )
     plist = list(agent.parameters())
     for p, name in zip(plist, params):
         p.grad = grads[name]
-    grad_norm = nn.utils.clip_grad_norm_(plist, args.max_grad_norm, foreach=False)  # per-tensor norms fuse; foreach does not
+    grad_norm = nn.utils.clip_grad_norm_(
+        plist, args.max_grad_norm, foreach=False
+    )  # per-tensor norms fuse; foreach does not
     state, group = [optimizer.state[p] for p in plist], optimizer.param_groups[0]
     with torch.no_grad():
-        adam(plist, [p.grad for p in plist], [s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state], [],
-             [s["step"] for s in state], foreach=False, capturable=group["capturable"], amsgrad=False,
-             beta1=group["betas"][0], beta2=group["betas"][1], lr=lr, weight_decay=0.0, eps=group["eps"], maximize=False)
+        adam(
+            plist,
+            [p.grad for p in plist],
+            [s["exp_avg"] for s in state],
+            [s["exp_avg_sq"] for s in state],
+            [],
+            [s["step"] for s in state],
+            foreach=False,
+            capturable=group["capturable"],
+            amsgrad=False,
+            beta1=group["betas"][0],
+            beta2=group["betas"][1],
+            lr=lr,
+            weight_decay=0.0,
+            eps=group["eps"],
+            maximize=False,
+        )
     return torch.cat([stats, grad_norm.unsqueeze(0)])
 
 
@@ -422,261 +419,194 @@ def make_optimizer(agent, lr, capturable: bool):
     return optimizer
 
 
-def make_units(agent, agent_inference, args, device, compiled: bool):
-    """The training state around `agent` (optimizer, lr) and the units the loop calls, compiled if `compiled`.
-    `agent_inference` becomes the inference copy: same storage, plain tensors without requires_grad (tensordict
-    >= 0.14 would otherwise keep its own Parameters, requires_grad and all, and only swap their data)."""
-    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
-    lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
-    optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
-    # the int8 steps take the acting copy as an argument; fp32_policy (the base's step): the summary's latency baseline
-    u = SimpleNamespace(agent=agent, optimizer=optimizer, lr=lr, policy=act, behaviour=behaviour_logprob,
-                        fp32_policy=functools.partial(act, agent_inference.actor), get_value=agent_inference.get_value,
-                        gae=gae, update=functools.partial(update, agent, optimizer, lr, args))
-    if compiled:
-        # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
-        # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
-        # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
-        opts = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
-        # the int8 policy step is compiled on a CPU too: eager, torchao's tensor subclass dispatches every op from
-        # Python. A rebuilt copy is a new module with the same structure: no recompilation.
-        u.policy, u.behaviour = torch.compile(u.policy, options=opts), torch.compile(u.behaviour, options=opts)
-        if device.type == "cuda":
-            # on a CPU the fp32 policy step stays eager: compiled it is faster alone (29 vs 34 us) but slower in the
-            # rollout, where it and the env evict each other from the caches (93 vs 83 us per env+policy step)
-            u.fp32_policy = torch.compile(u.fp32_policy, options=opts)
-        u.get_value = torch.compile(u.get_value, options=opts)
-        u.gae = torch.compile(u.gae, fullgraph=True)
-        u.update = torch.compile(u.update, options=opts)
-    return u
-
-
-def add_cudagraphs(u):
-    # the int8 policy stays out of CUDA graphs: a graph replays the tensors it captured; every rebuild makes new ones
-    for name in ("get_value", "gae", "update"):
-        setattr(u, name, CudaGraphModule(getattr(u, name)))
-
-
-class Episodes:
-    """Episode statistics from the raw rewards: the returns logged are the real, unclipped ones."""
-    def __init__(self, num_envs):
-        self.ret, self.finished = np.zeros(num_envs), deque(maxlen=20)
-
-    def record(self, reward, done):
-        self.ret += reward
-        if done.any():  # rare: most steps cost one numpy add
-            self.finished.extend(self.ret[done].tolist())
-            self.ret[done] = 0
-
-    def mean(self):
-        return float(np.mean(self.finished)) if self.finished else None
-
-    def state(self):
-        return dict(ret=torch.as_tensor(self.ret), finished=torch.tensor(list(self.finished), dtype=torch.float64))
-
-    def load(self, s):
-        self.ret = s["ret"].numpy()
-        self.finished.extend(s["finished"].tolist())
-
-
-def machine_info(device: torch.device) -> dict:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
-
-
-class StopFlag:
-    """Ctrl-C (or SIGTERM) asks the loop to stop after the current iteration, so the checkpoint is consistent; a second
-    one stops at once, and so does the first before any iteration is done (nothing to save; a compile takes minutes)."""
-    def __init__(self):
-        self.set = self.iterated = False
-        signal.signal(signal.SIGINT, self.handle)
-        signal.signal(signal.SIGTERM, self.handle)
-
-    def handle(self, signum, frame):
-        if not self.iterated:
-            print("\nstopped before the first iteration finished: nothing to save", file=sys.stderr, flush=True)
-            os._exit(130)
-        if self.set:
-            raise KeyboardInterrupt
-        self.set = True
-        print("\nstopping after this iteration (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr)
-
-
-def save_checkpoint(path: str, payload: dict):
-    torch.save(payload, path + ".tmp")
-    os.replace(path + ".tmp", path)  # atomic: a crash mid-write never leaves a truncated agent.pt
-
-
-def load_checkpoint(args: Args) -> dict:
-    try:
-        ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
-        saved, writer = ckpt["args"], ckpt.get("script", SCRIPT)  # checkpoints from before the key: this script's
-    except Exception as e:  # a missing, corrupt or foreign file is a user mistake, not a crash
-        fail(f"--resume {args.resume}: " + ("no such file" if isinstance(e, FileNotFoundError) else
-                                            f"not a checkpoint this script wrote ({type(e).__name__})"))
-    if writer != SCRIPT:
-        fail(f"--resume {args.resume} was written by {writer}.py; resume it with that script")
-    for key in ("env_id", "num_envs", "num_steps"):
-        if saved.get(key, getattr(args, key)) != getattr(args, key):
-            fail(f"--resume {args.resume} was trained with --{key.replace('_', '-')} {saved[key]}; pass the same")
-    return ckpt
-
-
 def main(args: Args):
     ckpt = check_args(args)
     args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size, args.num_iterations = args.batch_size // args.num_minibatches, args.total_timesteps // args.batch_size
-    log_dir = args.log_dir  # resolved and created by check_args
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.num_threads)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if args.cudagraphs and device.type != "cuda":
-        print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
-        args.cudagraphs = False
+    device = plumbing.pick_device(args)
 
-    envs = make_envs(args, os.path.join(log_dir, "videos"))
+    envs = make_envs(args, f"{args.log_dir}/videos")
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
     # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed)
-    n_obs, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
+    n_obs = envs.single_observation_space.shape[0]
+    n_actions = envs.single_action_space.n
     agent = Agent(n_obs, n_actions, args.hidden_dim, args.hidden_depth).to(device)
-    u = make_units(agent, copy.deepcopy(agent), args, device, args.compile)
+    # the inference copy: the learner's storage as plain tensors without requires_grad (tensordict >= 0.14 would
+    # otherwise keep Parameters of its own, requires_grad and all, and only swap their data)
+    agent_inference = Agent(n_obs, n_actions, args.hidden_dim, args.hidden_depth).to(device)
+    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
+    optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
+    host = args.host_actor and device.type == "cuda"
+    act_device = torch.device("cpu") if host else device
+    acting = host_copy(agent.actor, act_device) if host else agent_inference.actor
+
+    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
+    policy = functools.partial(act, acting)  # the base's fp32 step: here the latency baseline of the summary
+    quant_policy = act  # the int8 steps take the acting copy as an argument: a rebuilt copy is not a new function
+    behaviour = behaviour_logprob
+    get_value = agent_inference.get_value
+    compute_gae = gae
+    update_minibatch = functools.partial(update, agent, optimizer, lr, args)
+    if args.compile:
+        # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
+        # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
+        # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
+        options = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
+        if act_device.type == "cuda":
+            # acting on a CPU (the learner's or the host's) the policy stays eager: compiled it is faster alone (29 vs
+            # 34 us) but slower in the rollout, where it and the env evict each other's caches (93 vs 83 us a step)
+            policy = torch.compile(policy, options=options)
+        # the int8 steps are compiled on a CPU too: eager, torchao's tensor subclass dispatches every op from Python.
+        # A rebuilt copy is a new module with the same structure: no recompilation.
+        quant_policy = torch.compile(quant_policy, options=options)
+        behaviour = torch.compile(behaviour, options=options)
+        get_value = torch.compile(get_value, options=options)
+        compute_gae = torch.compile(gae, fullgraph=True)
+        update_minibatch = torch.compile(update_minibatch, options=options)
     if args.cudagraphs:
-        add_cudagraphs(u)
+        if act_device.type == "cuda":  # CUDA graphs capture CUDA work only: a policy acting on the host stays out
+            policy = CudaGraphModule(policy)
+        # the int8 steps stay out of CUDA graphs: a graph replays the tensors it captured; every rebuild makes new ones
+        get_value = CudaGraphModule(get_value)
+        compute_gae = CudaGraphModule(compute_gae)
+        update_minibatch = CudaGraphModule(update_minibatch)
+
     shape = (args.num_steps, args.num_envs)
-    buf = dict(obs=torch.zeros(shape + (n_obs,), device=device), actions=torch.zeros(shape, dtype=torch.long, device=device),
-               **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")})
+    buf = dict(
+        obs=torch.zeros(shape + (n_obs,), device=device),
+        actions=torch.zeros(shape, dtype=torch.long, device=device),
+        **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")},
+    )
     stats = torch.zeros(args.update_epochs * args.num_minibatches, 6, device=device)
-    episodes = Episodes(args.num_envs)
-    global_step, start_iteration = 0, 1
-    (next_obs, _), next_done = envs.reset(seed=args.seed), np.zeros(args.num_envs, dtype=bool)
-    if args.resume:
-        u.agent.load_state_dict(ckpt["agent"])
-        u.optimizer.load_state_dict(ckpt["optimizer"])
+    episodes = plumbing.Episodes(args.num_envs)
+    global_step = 0
+    start_iteration = 1
+    next_obs, _ = envs.reset(seed=args.seed)
+    next_done = np.zeros(args.num_envs, dtype=bool)
+    if ckpt:
+        agent.load_state_dict(ckpt["agent"])
+        optimizer.load_state_dict(ckpt["optimizer"])
         rng.set_state(ckpt["rng"])
         set_env_state(envs, ckpt["env"])
-        next_obs, next_done = ckpt["next_obs"].numpy(), ckpt["next_done"].numpy()
+        next_obs = ckpt["next_obs"].numpy()
+        next_done = ckpt["next_done"].numpy()
         episodes.load(ckpt["episodes"])
-        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
+        global_step = ckpt["global_step"]
+        start_iteration = ckpt["iteration"] + 1
 
-    def checkpoint(iteration):
-        save_checkpoint(os.path.join(log_dir, "agent.pt"), dict(
-            script=SCRIPT, agent=u.agent.state_dict(), optimizer=u.optimizer.state_dict(), args=asdict(args),
-            iteration=iteration, global_step=global_step, rng=rng.get_state(), env=env_state(envs),
-            next_obs=torch.from_numpy(next_obs), next_done=torch.from_numpy(next_done), episodes=episodes.state()))
-
-    run = None
-    if args.track:
-        import wandb
-        run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
-                         name=os.path.basename(log_dir), dir=log_dir, save_code=True)
-    requant = Requantizer(u.agent.actor, torch.from_numpy(next_obs).to(device), args.quant_every, args.quant_async)
-    metrics = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
-    stop = StopFlag()
-    bar = tqdm.tqdm(total=args.num_iterations * args.batch_size, initial=global_step, unit="step", dynamic_ncols=True)
-    iteration, start, iter_times, measure_from, fps, forced = start_iteration - 1, time.perf_counter(), [], None, None, False
-    if args.compile:  # the first iteration compiles: say so, or a first run looks stuck
-        bar.write("compiling the units on their first call (a minute or more on a cold cache; later runs load them "
-                  "from Inductor's on-disk cache)", file=sys.stderr)
-        bar.set_description("compiling")
-    try:
+    # the int8 copy is built from the actor that acts in the base: the host copy, or the learner's own
+    quant_source = acting if host else agent.actor
+    requant = Requantizer(quant_source, torch.from_numpy(next_obs).to(act_device), args.quant_every, args.quant_async)
+    run = plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step)
+    iteration = start_iteration - 1
+    with run:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             if args.anneal_lr:
-                u.lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
+                lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
+            if host:  # the acting copy takes the last updates' (or the resumed checkpoint's) parameters
+                refresh(acting, agent.actor)
             t_swap = requant.refresh(iteration - start_iteration)
             qactor = requant.current  # the policy that acts in this rollout, and whose log-probs are stored
-            next_obs, next_done, t_env, t_policy = rollout(envs, functools.partial(u.policy, qactor), next_obs,
-                                                           next_done, buf, episodes, n_actions, rng)
+            int8_policy = functools.partial(quant_policy, qactor)
+            next_obs, next_done, t_env, t_policy = rollout(
+                envs, int8_policy, act_device, next_obs, next_done, buf, episodes, n_actions, rng
+            )
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
+
             t0 = time.perf_counter()
-            last_obs, last_done = torch.from_numpy(next_obs).to(device), torch.from_numpy(next_done).to(device).float()
+            last_obs = torch.from_numpy(next_obs).to(device)
+            last_done = torch.from_numpy(next_done).to(device).float()
             # the behaviour policy's log-probs in one batched call (the update's ratio is pi_fp32 / pi_int8); values
             # from the fp32 critic the update trains: an int8 critic's error would enter the targets and the value clip
-            buf["logprobs"].copy_(u.behaviour(qactor, buf["obs"], buf["actions"]))
-            buf["values"].copy_(u.get_value(buf["obs"]))
-            advantages, returns = u.gae(u.get_value(last_obs), last_done, buf["rewards"], buf["dones"], buf["values"],
-                                         args.gamma, args.gae_lambda)
+            buf["logprobs"].copy_(behaviour(qactor, buf["obs"].to(act_device), buf["actions"].to(act_device)))
+            buf["values"].copy_(get_value(buf["obs"]))
+            advantages, returns = compute_gae(
+                get_value(last_obs), last_done, buf["rewards"], buf["dones"], buf["values"], args.gamma, args.gae_lambda
+            )
             t_gae = time.perf_counter() - t0
+
             t0 = time.perf_counter()
-            n, batch = 0, [x.flatten(0, 1) for x in
-                           (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])]
-            for epoch in range(args.update_epochs):
+            batch = [
+                x.flatten(0, 1)
+                for x in (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])
+            ]
+            n = 0
+            for _epoch in range(args.update_epochs):
                 perm = torch.randperm(args.batch_size, device=device, generator=rng).view(args.num_minibatches, -1)
                 for inds in perm:
-                    stats[n] = u.update(*batch, inds)
+                    stats[n] = update_minibatch(*batch, inds)
                     n += 1
                 if args.target_kl is not None and stats[n - 1, 0] > args.target_kl:  # a host sync, only when asked
                     break
             t_update = time.perf_counter() - t0
-            # steady-state fps: whole iterations after the burn-in
-            now = time.perf_counter()
-            iter_times.append(now - t_iter)
-            if iteration - start_iteration + 1 == args.measure_burnin:
-                measure_from = (now, global_step)
-            if measure_from and global_step > measure_from[1]:
-                fps = (global_step - measure_from[1]) / (now - measure_from[0])
-            row = dict(iteration=iteration, global_step=global_step, time=now - start, fps=fps,
-                       episodic_return=episodes.mean(), t_rollout=t_rollout, t_env=t_env, t_policy=t_policy,
-                       t_gae=t_gae, t_update=t_update, t_quant=requant.t_quant, t_swap=t_swap, lr=u.lr.item(),
-                       **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"),
-                                  stats[:n].mean(0).tolist())))  # the one host sync of the iteration
-            metrics.write(json.dumps(row) + "\n")
-            if run:
-                run.log(row, step=global_step)
-            bar.update(args.batch_size)
-            bar.set_postfix(fps=f"{fps or 0:.0f}", ret=f"{row['episodic_return'] or 0:.1f}", refresh=False)
+
+            losses = stats[:n].mean(0).tolist()  # the one host sync of the iteration
+            run.log(
+                global_step,
+                steady=iteration - start_iteration + 1 >= args.measure_burnin,
+                iteration=iteration,
+                episodic_return=episodes.mean(),
+                t_rollout=t_rollout,
+                t_env=t_env,
+                t_policy=t_policy,
+                t_gae=t_gae,
+                t_update=t_update,
+                t_quant=requant.t_quant,
+                t_swap=t_swap,
+                lr=lr.item(),
+                **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"), losses)),
+            )
             if args.compile and iteration == start_iteration:
                 # every unit has compiled and nothing its guards check can change any more: stop checking them
                 # (~40 us of a ~330 us update, ~10 us of a policy step)
                 torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-                bar.set_description("")
-            stop.iterated = True
-            if stop.set:
+                run.compiled()
+            if run.stopping:
                 break
-    except KeyboardInterrupt:  # the second Ctrl-C: stop mid-iteration, with no consistent state to save
-        stop.set = forced = True
-    finally:
-        torch.compiler.set_stance("default")
-        requant.close()
-        bar.close()
-        metrics.close()
-        envs.close()
-    if args.save_model and not forced and iteration >= start_iteration:
-        checkpoint(iteration)
-
+    torch.compiler.set_stance("default")
+    requant.close()
+    envs.close()
+    if args.save_model and run.consistent and iteration >= start_iteration:
+        plumbing.save_checkpoint(
+            f"{args.log_dir}/agent.pt",
+            SCRIPT,
+            args,
+            agent=agent.state_dict(),
+            optimizer=optimizer.state_dict(),
+            iteration=iteration,
+            global_step=global_step,
+            rng=rng.get_state(),
+            env=env_state(envs),
+            next_obs=torch.from_numpy(next_obs),
+            next_done=torch.from_numpy(next_done),
+            episodes=episodes.state(),
+        )
     # the policy's cost per rollout step on the last observations: fp32 as the base script acts, int8 as this one
-    x = torch.from_numpy(next_obs).to(device)
-    gumbel = -torch.empty(args.num_envs, n_actions, device=device).exponential_().log()
+    x = torch.from_numpy(next_obs).to(act_device)
+    gumbel = -torch.empty(args.num_envs, n_actions, device=act_device).exponential_().log()
     with torch.compiler.set_stance("default", skip_guard_eval_unsafe=args.compile):  # as in the loop
-        latency_fp32 = forward_latency(u.fp32_policy, x, gumbel)
-        latency_quant = forward_latency(functools.partial(u.policy, requant.current), x, gumbel)
-    quant = dict(quant_method="torchao Int8DynamicActivationInt8WeightConfig (Linear: int8 weights per channel, "
-                              "int8 activations per row)", quant_every=args.quant_every, quant_async=args.quant_async,
-                 policy_bytes_fp32=policy_bytes(u.agent.actor), policy_bytes_quant=policy_bytes(requant.current),
-                 policy_latency_fp32_us=latency_fp32 * 1e6, policy_latency_quant_us=latency_quant * 1e6)
-    steady = iter_times[args.measure_burnin:]
-    summary = dict(script=SCRIPT, env_id=args.env_id, seed=args.seed, flags=asdict(args), **machine_info(device),
-                   num_threads=torch.get_num_threads(), total_timesteps=args.total_timesteps, global_step=global_step,
-                   wall_time=time.perf_counter() - start, fps=fps if measure_from else None, final_return=episodes.mean(),
-                   compile_time=iter_times[0] - float(np.median(steady)) if args.compile and steady else None,
-                   interrupted=stop.set, **quant)
-    with open(os.path.join(log_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    if run:
-        run.summary.update(summary)
-        run.finish()
-    print(f"{global_step} steps, {summary['wall_time']:.1f}s, fps {summary['fps'] or 0:.0f}, "
-          f"return {summary['final_return']}, logs in {log_dir}", file=sys.stderr)
-    if stop.set:
-        sys.exit(130)
+        latency_fp32 = forward_latency(policy, x, gumbel)
+        latency_quant = forward_latency(functools.partial(quant_policy, requant.current), x, gumbel)
+    quant = dict(
+        quant_method=QUANT_METHOD,
+        quant_every=args.quant_every,
+        quant_async=args.quant_async,
+        policy_bytes_fp32=policy_bytes(agent.actor),
+        policy_bytes_quant=policy_bytes(requant.current),
+        policy_latency_fp32_us=latency_fp32 * 1e6,
+        policy_latency_quant_us=latency_quant * 1e6,
+    )
+    run.finish(global_step, episodes.mean(), run.compile_time() if args.compile else None, **quant)
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    main(plumbing.parse_args(Args))

@@ -7,8 +7,23 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import (PPO_ROW_FIELDS, PPO_SUMMARY_FIELDS, SMOKE, assert_rejected, assert_user_error, load_script,
-                      read_metrics, read_metrics_so_far, read_summary, run_command, run_script, start_script)
+from tensordict import from_module
+
+import plumbing
+from conftest import (
+    PPO_ROW_FIELDS,
+    PPO_SUMMARY_FIELDS,
+    SMOKE,
+    assert_rejected,
+    assert_user_error,
+    load_script,
+    read_metrics,
+    read_metrics_so_far,
+    read_summary,
+    run_command,
+    run_script,
+    start_script,
+)
 
 SCRIPTS = ["ppo.py", "ppo_torchcompile.py"]
 
@@ -33,8 +48,8 @@ def test_smoke(script, flag, log_dir):
     assert (summary["compile_time"] is not None) == (flag == "--compile")
     if flag == "--cudagraphs":  # no CUDA here: one line says so, and the run goes on
         assert "--cudagraphs ignored" in proc.stderr
-    if script == "ppo_torchcompile.py":  # a compiled run says, once, that its first iteration compiles
-        assert proc.stderr.count("compiling the units on their first call") == (flag == "--compile")
+    # a compiled run says, once, that its first iteration compiles
+    assert proc.stderr.count("compiling the units on their first call") == (flag == "--compile")
 
 
 def test_track_logs_to_wandb(monkeypatch, log_dir):
@@ -47,7 +62,8 @@ def test_track_logs_to_wandb(monkeypatch, log_dir):
 
 
 def numpy_gae(rewards, dones, values, next_value, next_done, gamma, lam):
-    """Textbook GAE, written independently of the scripts: A_t = sum_k (gamma*lam)^k delta_{t+k}, cut at episode ends."""
+    """Textbook GAE, written independently of the scripts: A_t = sum_k (gamma*lam)^k delta_{t+k}, cut at episode
+    ends."""
     T, N = rewards.shape
     adv = np.zeros((T, N))
     for n in range(N):
@@ -88,9 +104,14 @@ def make_update_state(tc, seed):
 
 def random_batch(n):
     g = torch.Generator().manual_seed(1)
-    return [torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g),
-            -torch.rand(n, generator=g), torch.randn(n, generator=g), torch.randn(n, generator=g),
-            torch.randn(n, generator=g)]
+    return [
+        torch.randn(n, 4, generator=g),
+        torch.randint(0, 2, (n,), generator=g),
+        -torch.rand(n, generator=g),
+        torch.randn(n, generator=g),
+        torch.randn(n, generator=g),
+        torch.randn(n, generator=g),
+    ]
 
 
 def test_update_matches_eager_autograd_step(tc):
@@ -122,8 +143,13 @@ def eager_and_compiled_update(tc, make_state, batch, inds, compile):
         agent, optimizer, lr = make_state(tc, 0)
         update = functools.partial(tc.update, agent, optimizer, lr, tc.Args())
         stats = (compile(update) if compiled else update)(*batch, inds)
-        results.append((stats, [p.detach().clone() for p in agent.parameters()],
-                        [optimizer.state[p]["exp_avg_sq"].clone() for p in agent.parameters()]))
+        results.append(
+            (
+                stats,
+                [p.detach().clone() for p in agent.parameters()],
+                [optimizer.state[p]["exp_avg_sq"].clone() for p in agent.parameters()],
+            )
+        )
     assert not torch.equal(results[0][1][0], next(make_state(tc, 0)[0].parameters()))  # the step did move them
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)  # the losses
     return results
@@ -133,8 +159,9 @@ def test_compiled_update_matches_eager(tc):
     """Same seed and state: the compiled update gives the eager update's losses and parameters.
     Tolerance: float32 with the reductions reordered by inductor, a few ulps on O(1) values."""
     compile = functools.partial(torch.compile, options=dict(cpp_wrapper=True, max_autotune=True))
-    (_, p0, v0), (_, p1, v1) = eager_and_compiled_update(tc, make_update_state, random_batch(512),
-                                                         torch.randperm(512)[:128], compile)
+    (_, p0, v0), (_, p1, v1) = eager_and_compiled_update(
+        tc, make_update_state, random_batch(512), torch.randperm(512)[:128], compile
+    )
     for a, b in zip(p0 + v0, p1 + v1):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
 
@@ -159,17 +186,39 @@ def linear_tensors(module):
 
 def is_current_copy(acting, learner) -> bool:
     """`acting` holds `learner`'s parameters, in storage of its own and without autograd."""
-    return all(torch.equal(p, q) and p.data_ptr() != q.data_ptr() and not q.requires_grad
-               for p, q in zip(linear_tensors(learner), linear_tensors(acting), strict=True))
+    return all(
+        torch.equal(p, q) and p.data_ptr() != q.data_ptr() and not q.requires_grad
+        for p, q in zip(linear_tensors(learner), linear_tensors(acting), strict=True)
+    )
 
 
-def test_inference_copy_shares_storage_without_grad(tc):
+def run_main_recording(tc, tmp_path, monkeypatch, **flags):
+    """main() of the script in this process for one iteration (1 env x 64 steps), recording the Agents it builds (the
+    learner, then the inference copy) and the policy each rollout acts with."""
+    agents, policies = [], []
+
+    class RecordedAgent(tc.Agent):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            agents.append(self)
+
+    def recorded_rollout(envs, policy, *a):
+        policies.append(policy)
+        return rollout(envs, policy, *a)
+
+    rollout = tc.rollout
+    monkeypatch.setattr(tc, "Agent", RecordedAgent)
+    monkeypatch.setattr(tc, "rollout", recorded_rollout)
+    args = tc.Args(num_envs=1, num_steps=64, total_timesteps=64, log_dir=str(tmp_path / "run"), **flags)
+    tc.main(args)
+    return agents, policies
+
+
+def test_inference_copy_shares_storage_without_grad(tc, tmp_path, monkeypatch):
     """On a CPU the learner's units and the rollout use the inference copy: the agent's storage, no autograd, nothing
-    to refresh (the host copy of --host-actor is for a CUDA learner)."""
-    agent = tc.Agent(4, 2)
-    units = tc.make_units(agent, tc.Agent(4, 2), tc.Args(), torch.device("cpu"), compiled=False)
-    agent_inference = units.evaluate.__self__
-    assert units.policy.args == (units.acting,) and units.acting is agent_inference.actor
+    to refresh (the host copy of --host-actor is for a CUDA learner). Checked on what main() builds."""
+    (agent, agent_inference), [policy] = run_main_recording(tc, tmp_path, monkeypatch)
+    assert policy.func is tc.act and policy.args == (agent_inference.actor,)
     pairs = list(zip(linear_tensors(agent), linear_tensors(agent_inference)))
     assert len(pairs) == 12 and all(p.data_ptr() == q.data_ptr() and not q.requires_grad for p, q in pairs)
     with torch.no_grad():
@@ -182,10 +231,23 @@ def cartpole_rollout(tc, policy, num_envs=2, num_steps=48, seed=3) -> dict:
     args = tc.Args(num_envs=num_envs, num_steps=num_steps)
     envs = tc.make_envs(args, "")
     shape = (num_steps, num_envs)
-    buf = dict(obs=torch.zeros(shape + (4,)), actions=torch.zeros(shape, dtype=torch.long), dones=torch.zeros(shape),
-               rewards=torch.zeros(shape))
-    tc.rollout(envs, policy, torch.device("cpu"), envs.reset(seed=seed)[0], np.zeros(num_envs, dtype=bool), buf,
-               tc.Episodes(num_envs), 2, torch.Generator().manual_seed(seed))
+    buf = dict(
+        obs=torch.zeros(shape + (4,)),
+        actions=torch.zeros(shape, dtype=torch.long),
+        dones=torch.zeros(shape),
+        rewards=torch.zeros(shape),
+    )
+    tc.rollout(
+        envs,
+        policy,
+        torch.device("cpu"),
+        envs.reset(seed=seed)[0],
+        np.zeros(num_envs, dtype=bool),
+        buf,
+        plumbing.Episodes(num_envs),
+        2,
+        torch.Generator().manual_seed(seed),
+    )
     envs.close()
     return buf
 
@@ -202,21 +264,24 @@ def test_host_copy_acts_as_the_learner_and_refresh_brings_the_updates(tc):
     the learner's again. Large steps (lr 0.05) move the policy far from uniform, where a wrong weight flips actions."""
     torch.manual_seed(0)
     agent = tc.Agent(4, 2)
-    u = tc.make_units(agent, tc.Agent(4, 2), tc.Args(), torch.device("cpu"), compiled=False)
-    u.lr.fill_(0.05)
+    agent_inference = tc.Agent(4, 2)  # as main() builds it: the learner's storage, no autograd
+    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    lr = torch.tensor(0.05)
+    update = functools.partial(tc.update, agent, tc.make_optimizer(agent, lr, capturable=False), lr, tc.Args())
+    policy = functools.partial(tc.act, agent_inference.actor)
     batch = random_batch(512)
 
     def train():
         for _ in range(3):
-            u.update(*batch, torch.randperm(512)[:128])
+            update(*batch, torch.randperm(512)[:128])
 
     train()
     acting = tc.host_copy(agent.actor, torch.device("cpu"))
     copy_policy = functools.partial(tc.act, acting)
     assert is_current_copy(acting, agent.actor)
-    assert_same_buffers(cartpole_rollout(tc, copy_policy), cartpole_rollout(tc, u.policy))
+    assert_same_buffers(cartpole_rollout(tc, copy_policy), cartpole_rollout(tc, policy))
     train()
-    learner = cartpole_rollout(tc, u.policy)
+    learner = cartpole_rollout(tc, policy)
     assert not is_current_copy(acting, agent.actor)
     assert_same_buffers(cartpole_rollout(tc, copy_policy), learner, same=False)  # stale: acts otherwise
     tc.refresh(acting, agent.actor)
@@ -255,15 +320,18 @@ def test_bad_input(script, flags, words, log_dir):
 def test_ctrl_c_before_the_first_iteration_stops_at_once(tmp_path):
     """Before any iteration has finished there is nothing to save and a compile can hold the process for minutes:
     Ctrl-C ends it at once (130, one line). After one, the first Ctrl-C only asks the loop to stop."""
-    code = ("import os, signal, sys, time; sys.path.insert(0, 'leanrl'); import ppo_torchcompile as m\n"
-            "stop = m.StopFlag(); stop.iterated = True; os.kill(os.getpid(), signal.SIGINT); time.sleep(0.5)\n"
-            "print('asked', stop.set, flush=True); stop = m.StopFlag(); os.kill(os.getpid(), signal.SIGINT)\n"
-            "time.sleep(60); print('not stopped')")
+    code = (
+        "import os, signal, sys, time; sys.path.insert(0, 'leanrl'); import plumbing\n"
+        "stop = plumbing.StopFlag(); stop.logged = True; os.kill(os.getpid(), signal.SIGINT); time.sleep(0.5)\n"
+        "print('asked', stop.set, flush=True); stop = plumbing.StopFlag(); os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(60); print('not stopped')"
+    )
     proc = run_command([sys.executable, "-c", code], tmp_path / "stop", timeout=120)
     assert proc.returncode == 130 and proc.stdout == "asked True\n", (proc.stdout, proc.stderr)
     assert [ln for ln in proc.stderr.splitlines() if ln.strip()] == [
-        "stopping after this iteration (Ctrl-C again: stop now, no checkpoint)",
-        "stopped before the first iteration finished: nothing to save"]
+        "stopping at the next log line (Ctrl-C again: stop now, no checkpoint)",
+        "stopped before the first log line: nothing to save",
+    ]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -298,6 +366,14 @@ def test_ctrl_c_then_resume_matches_uninterrupted(script, tmp_path):
 def test_resume_rejects_other_config(script, tmp_path):
     first = tmp_path / "first"
     run_script(script, *SMOKE, "--save-model", log_dir=first)
-    proc = run_script(script, *SMOKE, "--num-steps", "32", "--resume", str(first / "agent.pt"),
-                      log_dir=tmp_path / "second", check=False)
+    proc = run_script(
+        script,
+        *SMOKE,
+        "--num-steps",
+        "32",
+        "--resume",
+        str(first / "agent.pt"),
+        log_dir=tmp_path / "second",
+        check=False,
+    )
     assert_user_error(proc, "--num-steps 64")
