@@ -328,12 +328,16 @@ class Run:
                 "compiling the units on their first call (a minute or more on a cold cache; later runs load "
                 "them from Inductor's on-disk cache)"
             )
-            self.bar.set_description("compiling")
+            self.compiling()
 
     def say(self, line: str):
         """One line on stderr that does not break the progress bar."""
         if self.lead:
             self.bar.write(line, file=sys.stderr)
+
+    def compiling(self):
+        """The units compile again (new shapes): the bar says so until `compiled()`."""
+        self.bar.set_description("compiling")
 
     def compiled(self):
         """Every unit has compiled: the bar drops its "compiling" label."""

@@ -545,7 +545,7 @@ def main(args: Args):
                         update_minibatch = CudaGraphModule(update_minibatch.module)
                     traced_at = iteration
                     if args.compile:
-                        run.bar.set_description("compiling")
+                        run.compiling()
             if args.anneal_lr:
                 lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
 

@@ -16,6 +16,7 @@ The algorithm, network and defaults of ppo.py (CleanRL's). The base's tricks, ea
 
 - `act`: a rollout step only samples, argmax(logits + Gumbel noise), exact Categorical sampling without a Distribution;
   the log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
+- `numpy_policy` (--numpy-act): a policy acting on the CPU acts through numpy views of the actor's weights.
 - `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
 - `update`: torch.func.grad and torch.optim's functional Adam, so that compiled, forward, backward, clipping and the
   Adam step are one graph (optimizer.step() would break it).
@@ -129,6 +130,10 @@ class Args:
     """with the learner on CUDA, keep a host copy of the actor, refreshed after each iteration's updates (one copy of
     ~20 KB), and build the int8 copy from it and act with it on the host: a 4-row step of a 64-unit MLP costs less on
     the CPU than GPU launches. A CPU learner quantizes its own actor (no host copy)"""
+    numpy_act: bool = True
+    """if toggled, a policy that acts on the CPU (a CPU learner's, or the --host-actor copy) acts through numpy views of
+    the actor's weights: at 4 rows a torch forward is all per-op dispatch. Here the int8 copy acts, and this sets the
+    fp32 step whose latency the summary compares it with"""
     measure_burnin: int = 3
     """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
     log_dir: Optional[str] = None
@@ -200,7 +205,9 @@ def env_state(envs) -> list:
 
 def set_env_state(envs, states: list):
     for (u, limit), s in zip(map(env_parts, envs.envs), states):
-        u.state, u.np_random.bit_generator.state, limit._elapsed_steps = s["state"].numpy(), s["rng"], s["elapsed"]
+        u.state = s["state"].numpy()
+        u.np_random.bit_generator.state = s["rng"]
+        limit._elapsed_steps = s["elapsed"]
         if hasattr(u, "steps_beyond_terminated"):
             u.steps_beyond_terminated = s["beyond"]
 
@@ -306,35 +313,66 @@ def act(actor, x, gumbel):
     return (actor(x) + gumbel).argmax(-1)
 
 
+def numpy_policy(actor: nn.Sequential):
+    """`act` on the CPU from numpy views of the actor's weights. The views share the weights' memory, so every update,
+    refresh and resume is seen without a copy; a few small GEMMs in numpy cost a third of a torch forward."""
+    layers = [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in actor if isinstance(m, nn.Linear)]
+
+    def policy(obs: np.ndarray, gumbel: np.ndarray) -> np.ndarray:
+        x = obs
+        for w, b in layers[:-1]:
+            x = np.tanh(x @ w.T + b)
+        w, b = layers[-1]
+        return (x @ w.T + b + gumbel).argmax(-1)
+
+    return policy
+
+
 def host_copy(module: nn.Module, device: torch.device) -> nn.Module:
     """A copy of `module` on `device` to act with: storage of its own, no autograd; `refresh` keeps it current."""
     return copy.deepcopy(module).requires_grad_(False).to(device)
 
 
 def refresh(acting: nn.Module, learner: nn.Module):
-    """The learner's parameters into its acting copy, in one transfer (~20 KB)."""
+    """The learner's parameters into its acting copy, in one transfer (~20 KB), copied in place: views of the copy's
+    weights (`numpy_policy`) stay valid."""
     flat = nn.utils.parameters_to_vector(learner.parameters()).to(next(acting.parameters()).device)
-    nn.utils.vector_to_parameters(flat, acting.parameters())  # sets each one's .data: autograd stays out
+    with torch.no_grad():
+        torch._foreach_copy_(list(acting.parameters()), flat.split([p.numel() for p in acting.parameters()]))
 
 
-def rollout(envs, policy, act_device, next_obs, next_done, buf, episodes, n_actions: int, rng: torch.Generator):
-    """num_steps steps of every env into `buf`, acting on `act_device`; returns the last obs/done (numpy) and the time
-    split. The env's outputs and the actions are staged in numpy and reach `buf` in one copy per iteration each."""
-    num_steps, device = buf["obs"].shape[0], buf["obs"].device
+def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf, episodes, n_actions: int, rng):
+    """num_steps steps of every env into `buf`, acting on `act_device` (in numpy with `numpy_act`); returns the last
+    obs/done (numpy) and the time split. The env's outputs and the actions are staged in numpy and reach `buf` in one
+    copy per iteration each."""
+    num_steps = buf["obs"].shape[0]
+    device = buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
-    dones, rewards = np.empty(buf["dones"].shape, np.float32), np.empty(buf["rewards"].shape, np.float32)
-    actions, t_env, t_policy = np.empty(buf["actions"].shape, np.int64), 0.0, 0.0
+    dones = np.empty(buf["dones"].shape, np.float32)
+    rewards = np.empty(buf["rewards"].shape, np.float32)
+    actions = np.empty(buf["actions"].shape, np.int64)
+    t_env = 0.0
+    t_policy = 0.0
     # one draw per rollout from the loop's generator, brought to where the policy acts in one transfer
     gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()
     gumbel = gumbel.to(act_device)
+    if numpy_act:
+        gumbel = gumbel.numpy()
     for step in range(num_steps):
-        obs[step], dones[step] = next_obs, next_done
+        obs[step] = next_obs
+        dones[step] = next_done
         t0 = time.perf_counter()
-        actions[step] = policy(torch.from_numpy(next_obs).to(act_device, non_blocking=True), gumbel[step]).cpu().numpy()
+        if numpy_act:
+            actions[step] = policy(next_obs, gumbel[step])
+        else:
+            obs_device = torch.from_numpy(next_obs).to(act_device, non_blocking=True)
+            actions[step] = policy(obs_device, gumbel[step]).cpu().numpy()
         t1 = time.perf_counter()
         next_obs, reward, terminations, truncations, _ = envs.step(actions[step])
-        t_env, t_policy = t_env + time.perf_counter() - t1, t_policy + t1 - t0
-        next_done, rewards[step] = terminations | truncations, reward
+        t_env += time.perf_counter() - t1
+        t_policy += t1 - t0
+        next_done = terminations | truncations
+        rewards[step] = reward
         episodes.record(reward, next_done)
     for key, x in (("obs", obs), ("actions", actions), ("dones", dones), ("rewards", rewards)):
         buf[key].copy_(torch.from_numpy(x), non_blocking=True)
@@ -343,13 +381,16 @@ def rollout(envs, policy, act_device, next_obs, next_done, buf, episodes, n_acti
 
 def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda: float):
     """Generalized advantage estimation, CleanRL's recursion; compiled it fuses into one loop."""
-    advantages, lastgaelam = torch.empty_like(rewards), torch.zeros_like(next_value)
-    nextnonterminal, nextvalues = 1.0 - next_done, next_value
+    advantages = torch.empty_like(rewards)
+    lastgaelam = torch.zeros_like(next_value)
+    nextnonterminal = 1.0 - next_done
+    nextvalues = next_value
     for t in range(rewards.shape[0] - 1, -1, -1):
         delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
         lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
         advantages[t] = lastgaelam
-        nextnonterminal, nextvalues = 1.0 - dones[t], values[t]
+        nextnonterminal = 1.0 - dones[t]
+        nextvalues = values[t]
     return advantages, advantages + values
 
 
@@ -385,10 +426,10 @@ def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, retur
     plist = list(agent.parameters())
     for p, name in zip(plist, params):
         p.grad = grads[name]
-    grad_norm = nn.utils.clip_grad_norm_(
-        plist, args.max_grad_norm, foreach=False
-    )  # per-tensor norms fuse; foreach does not
-    state, group = [optimizer.state[p] for p in plist], optimizer.param_groups[0]
+    # per-tensor norms fuse; foreach does not
+    grad_norm = nn.utils.clip_grad_norm_(plist, args.max_grad_norm, foreach=False)
+    state = [optimizer.state[p] for p in plist]
+    group = optimizer.param_groups[0]
     with torch.no_grad():
         adam(
             plist,
@@ -446,9 +487,11 @@ def main(args: Args):
     host = args.host_actor and device.type == "cuda"
     act_device = torch.device("cpu") if host else device
     acting = host_copy(agent.actor, act_device) if host else agent_inference.actor
+    numpy_act = args.numpy_act and act_device.type == "cpu"
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
-    policy = functools.partial(act, acting)  # the base's fp32 step: here the latency baseline of the summary
+    # the base's fp32 step: here the latency baseline of the summary
+    policy = numpy_policy(acting) if numpy_act else functools.partial(act, acting)
     quant_policy = act  # the int8 steps take the acting copy as an argument: a rebuilt copy is not a new function
     behaviour = behaviour_logprob
     get_value = agent_inference.get_value
@@ -517,7 +560,7 @@ def main(args: Args):
             qactor = requant.current  # the policy that acts in this rollout, and whose log-probs are stored
             int8_policy = functools.partial(quant_policy, qactor)
             next_obs, next_done, t_env, t_policy = rollout(
-                envs, int8_policy, act_device, next_obs, next_done, buf, episodes, n_actions, rng
+                envs, int8_policy, act_device, False, next_obs, next_done, buf, episodes, n_actions, rng
             )
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
@@ -594,7 +637,10 @@ def main(args: Args):
     x = torch.from_numpy(next_obs).to(act_device)
     gumbel = -torch.empty(args.num_envs, n_actions, device=act_device).exponential_().log()
     with torch.compiler.set_stance("default", skip_guard_eval_unsafe=args.compile):  # as in the loop
-        latency_fp32 = forward_latency(policy, x, gumbel)
+        if numpy_act:
+            latency_fp32 = forward_latency(policy, x.numpy(), gumbel.numpy())
+        else:
+            latency_fp32 = forward_latency(policy, x, gumbel)
         latency_quant = forward_latency(functools.partial(quant_policy, requant.current), x, gumbel)
     quant = dict(
         quant_method=QUANT_METHOD,

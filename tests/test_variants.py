@@ -29,6 +29,7 @@ MAX_REMOVED = {"ddp": 60}
 # base flags a trick deliberately replaces, with the reason: (variant, flag) -> why
 REPLACED = {
     ("ppo_atari_envpool_ddp_torchcompile", "num_threads"): "each rank takes its share of the cores, not all of them",
+    ("ppo_quantized_torchcompile", "numpy_act"): "the int8 copy acts; the flag sets the fp32 step it is timed against",
 }
 
 
