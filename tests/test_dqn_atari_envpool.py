@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import torch
-from test_dqn import check_dqn_smoke
 
 from conftest import assert_rejected, load_script, run_ids, script_fixture, smoke_fixture
+from test_dqn import check_dqn_smoke
 
 SCRIPTS = ["dqn_atari_envpool.py", "dqn_atari_envpool_torchcompile.py"]
 # a tiny budget and buffer: 300 steps, learning from step 100, fps from step 150; 200 frames of buffer (the default

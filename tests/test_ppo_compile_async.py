@@ -8,6 +8,7 @@ only the runs the assertions need are made.
 from pathlib import Path
 
 import pytest
+
 from conftest import PPO_ROW_FIELDS, SMOKE, assert_rejected, read_metrics, read_summary, run_script
 
 CLASSIC, ATARI = "ppo_compile_async_torchcompile.py", "ppo_atari_envpool_compile_async_torchcompile.py"
@@ -24,8 +25,9 @@ def assert_async_compile_matches_eager(script: str, tmp_path: Path, tol: float, 
     async run's process and summary, for the caller's own checks."""
     flags = (*SMOKE, "--num-threads", "1", *extra)
     run_script(script, *flags, log_dir=tmp_path / "eager")
-    proc = run_script(script, *flags, "--compile", "--compile-async", "--compile-swap-iteration", "2",
-                      log_dir=tmp_path / "async")
+    proc = run_script(
+        script, *flags, "--compile", "--compile-async", "--compile-swap-iteration", "2", log_dir=tmp_path / "async"
+    )
     eager, swapped = read_metrics(tmp_path / "eager"), read_metrics(tmp_path / "async")
     summary = read_summary(tmp_path / "async")
     assert [r["compiled"] for r in swapped] == [False, True, True, True]
@@ -62,11 +64,15 @@ def test_compile_async_run_ending_before_the_compile_exits_cleanly(log_dir):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-@pytest.mark.parametrize("flags,words", [(["--compile-async"], ["need --compile"]),
-                                         (["--compile-cache-only"], ["need --compile"]),
-                                         (["--compile", "--compile-swap-iteration", "2"], ["needs --compile-async"]),
-                                         (["--compile", "--compile-async", "--compile-swap-iteration", "0"],
-                                          ["iteration >= 1"])])
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (["--compile-async"], ["need --compile"]),
+        (["--compile-cache-only"], ["need --compile"]),
+        (["--compile", "--compile-swap-iteration", "2"], ["needs --compile-async"]),
+        (["--compile", "--compile-async", "--compile-swap-iteration", "0"], ["iteration >= 1"]),
+    ],
+)
 def test_compile_async_flags_need_their_partner(script, flags, words, log_dir):
     assert_rejected(script, flags, words, log_dir)
 

@@ -7,6 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 from tensordict import from_module
+
+from conftest import script_fixture
 from test_sac_continuous_action import (
     HIGH,
     LOW,
@@ -19,8 +21,6 @@ from test_sac_continuous_action import (
     fixed_batch,
     make_pair,
 )
-
-from conftest import script_fixture
 
 base = script_fixture("td3_continuous_action")
 tc = script_fixture("td3_continuous_action_torchcompile")
