@@ -337,8 +337,9 @@ def refresh(acting: nn.Module, learner: nn.Module):
     """The learner's parameters into its acting copy, in one transfer (~20 KB), copied in place: views of the copy's
     weights (`numpy_policy`) stay valid."""
     flat = nn.utils.parameters_to_vector(learner.parameters()).to(next(acting.parameters()).device)
+    params = list(acting.parameters())
     with torch.no_grad():
-        torch._foreach_copy_(list(acting.parameters()), flat.split([p.numel() for p in acting.parameters()]))
+        torch._foreach_copy_(params, [x.view_as(p) for x, p in zip(flat.split([p.numel() for p in params]), params)])
 
 
 def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf, episodes, n_actions: int, rng):

@@ -1,5 +1,6 @@
 """Classic-control PPO: ppo.py (eager baseline) and ppo_torchcompile.py."""
 
+import copy
 import functools
 import signal
 import sys
@@ -217,7 +218,7 @@ def run_main_recording(tc, tmp_path, monkeypatch, **flags):
 def test_inference_copy_shares_storage_without_grad(tc, tmp_path, monkeypatch):
     """On a CPU the learner's units and the rollout use the inference copy: the agent's storage, no autograd, nothing
     to refresh (the host copy of --host-actor is for a CUDA learner). Checked on what main() builds."""
-    (agent, agent_inference), [policy] = run_main_recording(tc, tmp_path, monkeypatch)
+    (agent, agent_inference), [policy] = run_main_recording(tc, tmp_path, monkeypatch, numpy_act=False)
     assert policy.func is tc.act and policy.args == (agent_inference.actor,)
     pairs = list(zip(linear_tensors(agent), linear_tensors(agent_inference)))
     assert len(pairs) == 12 and all(p.data_ptr() == q.data_ptr() and not q.requires_grad for p, q in pairs)
@@ -226,8 +227,9 @@ def test_inference_copy_shares_storage_without_grad(tc, tmp_path, monkeypatch):
     assert torch.equal(agent.actor[0].weight, agent_inference.actor[0].weight)
 
 
-def cartpole_rollout(tc, policy, num_envs=2, num_steps=48, seed=3) -> dict:
-    """The buffers of one rollout from a fixed seed (envs and Gumbel noise), acting with `policy` on the CPU."""
+def cartpole_rollout(tc, policy, num_envs=2, num_steps=48, seed=3, numpy_act=False) -> dict:
+    """The buffers of one rollout from a fixed seed (envs and Gumbel noise), acting with `policy` on the CPU (a numpy
+    policy with `numpy_act`)."""
     args = tc.Args(num_envs=num_envs, num_steps=num_steps)
     envs = tc.make_envs(args, "")
     shape = (num_steps, num_envs)
@@ -241,6 +243,7 @@ def cartpole_rollout(tc, policy, num_envs=2, num_steps=48, seed=3) -> dict:
         envs,
         policy,
         torch.device("cpu"),
+        numpy_act,
         envs.reset(seed=seed)[0],
         np.zeros(num_envs, dtype=bool),
         buf,
@@ -284,9 +287,49 @@ def test_host_copy_acts_as_the_learner_and_refresh_brings_the_updates(tc):
     learner = cartpole_rollout(tc, policy)
     assert not is_current_copy(acting, agent.actor)
     assert_same_buffers(cartpole_rollout(tc, copy_policy), learner, same=False)  # stale: acts otherwise
+    numpy_copy_policy = tc.numpy_policy(acting)  # views of the stale copy: the refresh must reach them
     tc.refresh(acting, agent.actor)
     assert is_current_copy(acting, agent.actor)
     assert_same_buffers(cartpole_rollout(tc, copy_policy), learner)
+    assert_same_buffers(cartpole_rollout(tc, numpy_copy_policy, numpy_act=True), learner)
+
+
+def test_numpy_policy_acts_as_torch_and_follows_the_learner(tc, tmp_path, monkeypatch):
+    """--numpy-act (on by default where the policy acts on a CPU): on fixed inputs the numpy policy picks the torch
+    policy's actions, before and after updates that change them, because it reads views of the weights. A policy on
+    a copy of the weights taken once would act on stale weights: it must fail this test (checked below)."""
+    torch.manual_seed(0)
+    agent = tc.Agent(4, 2)
+    agent_inference = tc.Agent(4, 2)
+    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    lr = torch.tensor(0.05)
+    update = functools.partial(tc.update, agent, tc.make_optimizer(agent, lr, capturable=False), lr, tc.Args())
+    numpy_policy = tc.numpy_policy(agent_inference.actor)
+    taken_once = tc.numpy_policy(copy.deepcopy(agent_inference.actor))
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(300, 4)).astype(np.float32)
+    gumbel = -np.log(rng.exponential(size=(300, 2))).astype(np.float32)
+
+    def torch_actions():
+        return tc.act(agent_inference.actor, torch.from_numpy(obs), torch.from_numpy(gumbel)).numpy()
+
+    before = torch_actions()
+    assert np.array_equal(numpy_policy(obs, gumbel), before)
+    batch = random_batch(512)
+    for _ in range(3):
+        update(*batch, torch.randperm(512)[:128])
+    after = torch_actions()
+    assert (after != before).any()  # the updates changed the policy
+    assert np.array_equal(numpy_policy(obs, gumbel), after)
+    assert not np.array_equal(taken_once(obs, gumbel), after)
+    torch_policy = functools.partial(tc.act, agent_inference.actor)
+    assert_same_buffers(cartpole_rollout(tc, numpy_policy, numpy_act=True), cartpole_rollout(tc, torch_policy))
+    # what main() acts with by default on a CPU: a numpy policy over the inference copy's actor
+    (_, recorded_inference), [policy] = run_main_recording(tc, tmp_path, monkeypatch)
+    assert not isinstance(policy, functools.partial)
+    x = rng.normal(size=(3, 4)).astype(np.float32)
+    g = np.zeros((3, 2), np.float32)
+    assert np.array_equal(policy(x, g), tc.act(recorded_inference.actor, torch.from_numpy(x), torch.from_numpy(g)))
 
 
 def test_learns_cartpole(tmp_path):
