@@ -4,6 +4,7 @@ reference, envpool's auto-reset, GAE, the update against autograd and compiled a
 Each script runs with --compile once, and the runs are shared by the assertions through module-scoped fixtures.
 """
 
+import copy
 import functools
 import signal
 
@@ -254,9 +255,9 @@ def test_rollout_noise_samples_the_policy_gaussian(tc):
     torch.testing.assert_close(samples.std((0, 1)), std, rtol=0.02, atol=0)
 
 
-def cheetah_rollout(tc, policy, num_steps=64, seed=3):
-    """One rollout of a fresh HalfCheetah from a fixed seed (env, noise), acting with `policy` on the CPU, and a fresh
-    normalizer: the buffers and the normalizer's statistics afterwards."""
+def cheetah_rollout(tc, actor, num_steps=64, seed=3, numpy_act=False):
+    """One rollout of a fresh HalfCheetah from a fixed seed (env, noise), acting with `actor` on the CPU (through
+    `numpy_units` with `numpy_act`), and a fresh normalizer: the buffers and the normalizer's statistics afterwards."""
     envs = envpool.make("HalfCheetah-v4", env_type="gymnasium", num_envs=1, seed=seed)
     normalizer = tc.Normalizer(1, 17, GAMMA, "cpu")
     buf = {
@@ -264,12 +265,21 @@ def cheetah_rollout(tc, policy, num_steps=64, seed=3):
         for k, dims in (("obs", (17,)), ("actions", (6,)), ("dones", ()), ("rewards", ()))
     }
     noise = 0.5 * torch.randn(num_steps, 1, 6, generator=torch.Generator().manual_seed(seed))
+    if numpy_act:
+        normalize, policy = tc.numpy_units(actor, normalizer)
+        next_obs = normalize(envs.reset()[0])
+        noise = noise.numpy()
+    else:
+        normalize = normalizer.obs
+        policy = functools.partial(tc.act, actor)
+        next_obs = normalize(torch.from_numpy(envs.reset()[0]))
     tc.rollout(
         envs,
         policy,
-        normalizer.obs,
+        normalize,
         normalizer,
-        normalizer.obs(torch.from_numpy(envs.reset()[0])),
+        numpy_act,
+        next_obs,
         np.zeros(1, dtype=bool),
         buf,
         plumbing.Episodes(1),
@@ -284,7 +294,7 @@ class FirstRollout(Exception):
     """Raised by the stand-in rollout: main has built its units, nothing more is needed."""
 
 
-def main_units(tc, tmp_path) -> dict:
+def main_units(tc, tmp_path, **flags) -> dict:
     """What `main` acts and learns with, as its first rollout receives them: a CPU run stopped there. The agents are
     the two `main` makes, in order: the learner, then its inference copy."""
     agents = []
@@ -295,12 +305,12 @@ def main_units(tc, tmp_path) -> dict:
             super().__init__(*shape)
             agents.append(self)
 
-    def first_rollout(envs, policy, normalize, normalizer, next_obs, *_):
-        seen.update(policy=policy, normalize=normalize, normalizer=normalizer, next_obs=next_obs)
+    def first_rollout(envs, policy, normalize, normalizer, numpy_act, next_obs, *_):
+        seen.update(policy=policy, normalize=normalize, normalizer=normalizer, numpy_act=numpy_act, next_obs=next_obs)
         raise FirstRollout
 
     threads = torch.get_num_threads()
-    args = tc.Args(cuda=False, num_steps=64, total_timesteps=64, log_dir=str(tmp_path / "run"))
+    args = tc.Args(cuda=False, num_steps=64, total_timesteps=64, log_dir=str(tmp_path / "run"), **flags)
     with pytest.MonkeyPatch.context() as patch:  # undone on return: the caller's rollouts are the real ones
         patch.setattr(tc, "Agent", Agent)
         patch.setattr(tc, "rollout", first_rollout)
@@ -314,7 +324,7 @@ def main_units(tc, tmp_path) -> dict:
 def test_a_cpu_learner_acts_with_the_learner_itself(tc, tmp_path):
     """A CPU learner acts with its inference copy's actor_mean (the agent's storage, no copy, nothing to refresh),
     even with --host-actor (the default), and keeps the normalizer on the CPU."""
-    u = main_units(tc, tmp_path)
+    u = main_units(tc, tmp_path, numpy_act=False)
     acting = u["agent_inference"].actor_mean
     assert u["policy"].func is tc.act and u["policy"].args == (acting,)
     assert acting[0].weight.data_ptr() == u["agent"].actor_mean[0].weight.data_ptr()
@@ -328,23 +338,65 @@ def test_host_copy_acts_as_the_learner_and_refresh_brings_the_updates(tc, tmp_pa
     normalizer on the host. Here the copy is made on the CPU explicitly, with storage of its own: a rollout acting
     with it fills the buffers (and normalizer statistics) that one acting with the learner's actor_mean fills,
     exactly; after updates a stale copy's rollout differs, and a refreshed one is the learner's again."""
-    u = main_units(tc, tmp_path)
+    u = main_units(tc, tmp_path, numpy_act=False)
     agent = u["agent"]
+    learner_actor = u["agent_inference"].actor_mean
     acting = tc.host_copy(agent.actor_mean, torch.device("cpu"))
-    copy_policy = functools.partial(tc.act, acting)
     assert is_current_copy(acting, agent.actor_mean)
-    assert_same_buffers(cheetah_rollout(tc, copy_policy), cheetah_rollout(tc, u["policy"]))
+    assert_same_buffers(cheetah_rollout(tc, acting), cheetah_rollout(tc, learner_actor))
     lr = torch.tensor(0.01)  # a few large steps
     update = functools.partial(tc.update, agent, tc.make_optimizer(agent, lr, capturable=False), lr, tc.Args())
     batch = random_batch(256)
     for _ in range(3):
         update(*batch, torch.randperm(256)[:64])
-    learner = cheetah_rollout(tc, u["policy"])
+    learner = cheetah_rollout(tc, learner_actor)
+    numpy_learner = cheetah_rollout(tc, learner_actor, numpy_act=True)
     assert not is_current_copy(acting, agent.actor_mean)
-    assert_same_buffers(cheetah_rollout(tc, copy_policy), learner, same=False)  # stale: acts otherwise
+    assert_same_buffers(cheetah_rollout(tc, acting), learner, same=False)  # stale: acts otherwise
+    assert_same_buffers(cheetah_rollout(tc, acting, numpy_act=True), numpy_learner, same=False)
     tc.refresh(acting, agent.actor_mean)
     assert is_current_copy(acting, agent.actor_mean)
-    assert_same_buffers(cheetah_rollout(tc, copy_policy), learner)
+    assert_same_buffers(cheetah_rollout(tc, acting), learner)
+    assert_same_buffers(cheetah_rollout(tc, acting, numpy_act=True), numpy_learner)
+
+
+def test_numpy_units_match_torch_and_follow_the_learner(tc, tmp_path):
+    """--numpy-act (on by default where the rollout acts on a CPU): numpy's normalizer gives the torch unit's
+    normalized obs exactly and its float64 statistics to the last bits; numpy's actions are torch's to float rounding, before and after updates
+    that move them, because both read views of the tensors. Units over a copy taken once must fail (checked below).
+    main() acts through them by default on a CPU."""
+    u = main_units(tc, tmp_path)
+    assert u["numpy_act"] and isinstance(u["next_obs"], np.ndarray)
+    agent = u["agent"]
+    actor = u["agent_inference"].actor_mean
+    torch_normalizer = tc.Normalizer(3, 17, GAMMA, "cpu")
+    numpy_normalizer = tc.Normalizer(3, 17, GAMMA, "cpu")
+    normalize, policy = tc.numpy_units(actor, numpy_normalizer)
+    _, taken_once = tc.numpy_units(copy.deepcopy(actor), tc.Normalizer(3, 17, GAMMA, "cpu"))
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        raw = rng.normal(size=(3, 17)) * 3 + 1
+        assert np.array_equal(normalize(raw), torch_normalizer.obs(torch.from_numpy(raw)).numpy())
+    for name, stats in torch_normalizer.state_dict().items():
+        for key, value in stats.items():
+            torch.testing.assert_close(value, numpy_normalizer.state_dict()[name][key], rtol=1e-12, atol=0)
+    obs = normalize(rng.normal(size=(3, 17)))
+    noise = rng.normal(size=(3, 6)).astype(np.float32)
+
+    def torch_actions():
+        return tc.act(actor, torch.from_numpy(obs), torch.from_numpy(noise)).numpy()
+
+    before = torch_actions()
+    np.testing.assert_allclose(policy(obs, noise), before, atol=1e-5)
+    lr = torch.tensor(0.01)
+    update = functools.partial(tc.update, agent, tc.make_optimizer(agent, lr, capturable=False), lr, tc.Args())
+    batch = random_batch(256)
+    for _ in range(3):
+        update(*batch, torch.randperm(256)[:64])
+    after = torch_actions()
+    assert np.abs(after - before).max() > 1e-2  # the updates moved the policy
+    np.testing.assert_allclose(policy(obs, noise), after, atol=1e-5)
+    assert np.abs(taken_once(obs, noise) - after).max() > 1e-2
 
 
 DISCRETE = [
