@@ -362,9 +362,9 @@ def test_host_copy_acts_as_the_learner_and_refresh_brings_the_updates(tc, tmp_pa
 
 def test_numpy_units_match_torch_and_follow_the_learner(tc, tmp_path):
     """--numpy-act (on by default where the rollout acts on a CPU): numpy's normalizer gives the torch unit's
-    normalized obs exactly and its float64 statistics to the last bits; numpy's actions are torch's to float rounding, before and after updates
-    that move them, because both read views of the tensors. Units over a copy taken once must fail (checked below).
-    main() acts through them by default on a CPU."""
+    normalized obs exactly and its float64 statistics to the last bits; numpy's actions are torch's to float rounding,
+    before and after updates that move them, because both read views of the tensors. Units over a copy taken once
+    must fail (checked below). main() acts through them by default on a CPU."""
     u = main_units(tc, tmp_path)
     assert u["numpy_act"] and isinstance(u["next_obs"], np.ndarray)
     agent = u["agent"]
