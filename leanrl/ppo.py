@@ -88,8 +88,8 @@ class Args:
     """if toggled, save the agent and optimizer to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
     resume: Optional[str] = None
     """path of an agent.pt written by --save-model: continue that run from where it stopped"""
-    num_threads: int = 1
-    """torch intra-op threads (1 measures fastest for these 64-unit layers)"""
+    num_threads: Optional[int] = None
+    """torch intra-op threads (default: torch's own, as in CleanRL: the baseline is measured as its users run it)"""
 
 
 def check_args(args: Args) -> Optional[dict]:
@@ -205,7 +205,8 @@ def main(args: Args):
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(args.num_threads)
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
     rng = np.random.default_rng(args.seed)
     device = plumbing.pick_device(args)
 

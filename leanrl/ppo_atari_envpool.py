@@ -90,8 +90,8 @@ class Args:
     resume: Optional[str] = None
     """path of an agent.pt written by --save-model: continue that run (the games restart: envpool cannot snapshot
     its emulators, so a resumed run plays fresh games, seeded anew, and loses the games that were in flight)"""
-    num_threads: int = 2
-    """torch intra-op threads (2 measures fastest on a 2-core CPU: the update's convolutions dominate)"""
+    num_threads: Optional[int] = None
+    """torch intra-op threads (default: torch's own, as in CleanRL: the baseline is measured as its users run it)"""
 
 
 def check_args(args: Args) -> Optional[dict]:
@@ -199,7 +199,8 @@ def main(args: Args):
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(args.num_threads)
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
     rng = np.random.default_rng(args.seed)
     device = plumbing.pick_device(args)
 

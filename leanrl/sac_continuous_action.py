@@ -89,8 +89,8 @@ class Args:
     resume: Optional[str] = None
     """path of an agent.pt written by --save-model: continue that run (the buffer is not saved: it refills, acting
     with the restored policy, before the updates go on; the env starts a fresh episode)"""
-    num_threads: int = 1
-    """torch intra-op threads (1, as in the PPO scripts: the env and the loop keep the other core)"""
+    num_threads: Optional[int] = None
+    """torch intra-op threads (default: torch's own, as in CleanRL: the baseline is measured as its users run it)"""
 
 
 def check_args(args: Args) -> Optional[dict]:
@@ -201,7 +201,8 @@ def main(args: Args):
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(args.num_threads)
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
     device = plumbing.pick_device(args)
     if args.cudagraphs:
         plumbing.fail(
