@@ -20,6 +20,7 @@ Python and dispatch on a CPU, so the tricks remove machinery, each in the functi
 
 import functools
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -102,8 +103,9 @@ class Args:
     resume: Optional[str] = None
     """path of an agent.pt written by --save-model: continue that run (the buffer is not saved: it refills, acting
     with the restored policy, before the updates go on; the env starts a fresh episode)"""
-    num_threads: int = 1
-    """torch intra-op threads (1, as in the PPO scripts: the env and the loop keep the other core)"""
+    num_threads: int = os.cpu_count() or 1
+    """torch intra-op threads (default: every core: the batch-256 updates are matrix products, which use them all; on
+    a 2-core EPYC, --compile stepped at 208 (SAC) and 366 (TD3) steps/s on two threads, 126 and 180 on one)"""
 
 
 def check_args(args: Args) -> Optional[dict]:
