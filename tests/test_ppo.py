@@ -81,14 +81,14 @@ def numpy_gae(rewards, dones, values, next_value, next_done, gamma, lam):
     return adv
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_gae_matches_numpy_reference(tc, compiled):
+def test_gae_matches_numpy_reference(tc):
+    """The torchcompile script's GAE (its recursion over numpy rows) against an independent reference."""
     rng = np.random.default_rng(0)
     T, N, gamma, lam = 32, 3, 0.99, 0.95
     rewards, values = rng.normal(size=(T, N)), rng.normal(size=(T, N))
     dones = (rng.random((T, N)) < 0.15).astype(np.float64)
     next_value, next_done = rng.normal(size=N), np.array([0.0, 1.0, 0.0])
-    gae = torch.compile(tc.gae, fullgraph=True) if compiled else tc.gae
+    gae = tc.gae
     f32 = functools.partial(torch.tensor, dtype=torch.float32)
     adv, ret = gae(f32(next_value), f32(next_done), f32(rewards), f32(dones), f32(values), gamma, lam)
     expected = numpy_gae(rewards, dones, values, next_value, next_done, gamma, lam)
