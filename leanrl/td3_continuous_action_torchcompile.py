@@ -98,6 +98,8 @@ class Args:
     resume: Optional[str] = None
     """path of an agent.pt written by --save-model: continue that run (the buffer is not saved: it refills, acting
     with the restored policy, before the updates go on; the env starts a fresh episode)"""
+    bf16: bool = False
+    """if toggled, the updates run the networks' matrix products in bf16 (autocast; the losses and Adam stay fp32)"""
     num_threads: int = os.cpu_count() or 1
     """torch intra-op threads (default: every core: the batch-256 updates are matrix products, which use them all; on
     a 2-core EPYC, --compile stepped at 208 (SAC) and 366 (TD3) steps/s on two threads, 126 and 180 on one)"""
@@ -242,14 +244,19 @@ def update_critic(
     """One gradient step of both Q-networks; `noise` is N(0, 1) for the target policy smoothing.
     Returns [qf1_loss, qf2_loss, qf1_values]."""
     q_data = {name: p.detach() for name, p in q_params.items()}
+    bf16 = torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=args.bf16)
     with torch.no_grad():
         clipped_noise = (noise * args.policy_noise).clamp(-args.noise_clip, args.noise_clip) * target_actor.action_scale
-        next_state_actions = (target_actor(next_obs) + clipped_noise).clamp(target_actor.low, target_actor.high)
-        min_qf_next_target = twin_q(qnet, q_target, next_obs, next_state_actions).min(0).values
+        with bf16:
+            next_actions = target_actor(next_obs).float()
+        next_state_actions = (next_actions + clipped_noise).clamp(target_actor.low, target_actor.high)
+        with bf16:
+            min_qf_next_target = twin_q(qnet, q_target, next_obs, next_state_actions).float().min(0).values
         next_q_value = rewards + (1 - terminations) * args.gamma * min_qf_next_target
 
     def qf_loss(params):
-        q_a_values = twin_q(qnet, params, obs, actions)
+        with bf16:
+            q_a_values = twin_q(qnet, params, obs, actions).float()
         qf_losses = ((q_a_values - next_q_value) ** 2).mean(1)  # the two MSEs
         return qf_losses.sum(), torch.cat([qf_losses, q_a_values[0].mean().view(1)]).detach()
 
@@ -258,13 +265,15 @@ def update_critic(
     return stats
 
 
-def update_actor(actor, qnet, q_params, optimizer, lr, obs):
+def update_actor(actor, qnet, q_params, optimizer, lr, args, obs):
     """One gradient step of the actor on -Q1(s, actor(s)) (only the first Q-network, as in TD3). Returns [loss]."""
     q1_data = {name: p.detach()[0] for name, p in q_params.items()}
 
     def actor_loss(params):
-        pi = functional_call(actor, params, (obs,))
-        return -functional_call(qnet, q1_data, (obs, pi)).mean()
+        with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=args.bf16):
+            pi = functional_call(actor, params, (obs,))
+            q1 = functional_call(qnet, q1_data, (obs, pi))
+        return -q1.float().mean()
 
     params = {name: p.detach() for name, p in actor.named_parameters()}
     grads, loss = torch.func.grad_and_value(actor_loss)(params)
@@ -316,7 +325,7 @@ def main(args: Args):
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
     policy = functools.partial(act, actor_inference, args.exploration_noise)
     critic_step = functools.partial(update_critic, target_actor, qnet, q_params, q_target, q_optimizer, lr, args)
-    actor_step = functools.partial(update_actor, actor, qnet, q_params, actor_optimizer, lr)
+    actor_step = functools.partial(update_actor, actor, qnet, q_params, actor_optimizer, lr, args)
     targets_step = functools.partial(update_targets, target_actor, q_target, actor, q_params, args.tau)
     if args.compile:
         policy = torch.compile(policy)

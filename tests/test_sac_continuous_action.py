@@ -89,10 +89,10 @@ def bind(unit, compiled: bool, *state):
     return torch.compile(bound) if compiled else bound
 
 
-def sac_units(tc, compiled=False):
+def sac_units(tc, compiled=False, **flags):
     """The SAC torchcompile script's training state, built as its main builds it, with its units bound to it: a
     namespace of the state the tests read and the four units."""
-    args = tc.Args(batch_size=B)
+    args = tc.Args(batch_size=B, **flags)
     actor = tc.Actor(N_OBS, N_ACT, LOW, HIGH)
     qf1 = tc.SoftQNetwork(N_OBS, N_ACT)
     qf2 = tc.SoftQNetwork(N_OBS, N_ACT)
@@ -255,6 +255,26 @@ def test_compiled_units_equal_eager(base, tc):
     # the acting unit reads the trained parameters (the inference copy shares their storage)
     obs, noise = torch.randn(1, N_OBS), torch.randn(1, N_ACT)
     torch.testing.assert_close(compiled.policy(obs, noise), eager.policy(obs, noise), rtol=1e-4, atol=1e-5)
+
+
+def assert_bf16_update_near_fp32(units, run):
+    """--bf16 against fp32 from the same parameters and batch, one update step of every unit: the losses within a few
+    percent (bf16 keeps 8 bits of mantissa), not identical (the matrix products did run in bf16), and every parameter
+    still fp32 (Adam's state and step stay fp32)."""
+    torch.manual_seed(0)
+    fp32 = units(False)
+    torch.manual_seed(0)
+    bf16 = units(True)
+    a = run(fp32)
+    b = run(bf16)
+    torch.testing.assert_close(b, a, rtol=5e-2, atol=5e-2)
+    assert not torch.equal(a, b)
+    assert all(p.dtype == torch.float32 for p in [*bf16.q_params.values(), *bf16.actor.parameters()])
+
+
+def test_bf16_update_stays_near_fp32(tc):
+    seeds = [41, 42, 43, 44, 45]
+    assert_bf16_update_near_fp32(lambda bf16: sac_units(tc, bf16=bf16), lambda u: run_units(u, fixed_batch(), seeds))
 
 
 @pytest.mark.parametrize("script", [f"{a}_continuous_action{v}" for a in ("sac", "td3") for v in ("", "_torchcompile")])

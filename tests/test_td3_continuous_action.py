@@ -15,6 +15,7 @@ from test_sac_continuous_action import (
     N_ACT,
     N_OBS,
     B,
+    assert_bf16_update_near_fp32,
     assert_critics_match,
     bind,
     critic_step,
@@ -26,10 +27,10 @@ base = script_fixture("td3_continuous_action")
 tc = script_fixture("td3_continuous_action_torchcompile")
 
 
-def td3_units(tc, compiled=False):
+def td3_units(tc, compiled=False, **flags):
     """The TD3 torchcompile script's training state, built as its main builds it, with its units bound to it: a
     namespace of the state the tests read and the four units."""
-    args = tc.Args(batch_size=B)
+    args = tc.Args(batch_size=B, **flags)
     actor = tc.Actor(N_OBS, N_ACT, LOW, HIGH)
     qf1 = tc.QNetwork(N_OBS, N_ACT)
     qf2 = tc.QNetwork(N_OBS, N_ACT)
@@ -51,7 +52,7 @@ def td3_units(tc, compiled=False):
         q_target=q_target,
         policy=bind(tc.act, compiled, actor_inference, args.exploration_noise),
         update_critic=bind(tc.update_critic, compiled, target_actor, qnet, q_params, q_target, q_optimizer, lr, args),
-        update_actor=bind(tc.update_actor, compiled, actor, qnet, q_params, actor_optimizer, lr),
+        update_actor=bind(tc.update_actor, compiled, actor, qnet, q_params, actor_optimizer, lr, args),
         update_targets=bind(tc.update_targets, compiled, target_actor, q_target, actor, q_params, args.tau),
     )
 
@@ -135,3 +136,8 @@ def test_compiled_units_equal_eager(base, tc):
     action = compiled.policy(obs, noise)
     torch.testing.assert_close(action, eager.policy(obs, noise), rtol=1e-4, atol=1e-5)
     assert action.abs().max() == 1.0
+
+
+def test_bf16_update_stays_near_fp32(tc):
+    noise = torch.randn(B, N_ACT, generator=torch.Generator().manual_seed(51))
+    assert_bf16_update_near_fp32(lambda bf16: td3_units(tc, bf16=bf16), lambda u: run_units(u, fixed_batch(), noise))
