@@ -35,7 +35,8 @@ PPO_ROW_FIELDS = {
     "v_loss",
     "entropy",
 }
-PPO_SUMMARY_FIELDS = {
+# summary.json, as plumbing.Run writes it for every script
+SUMMARY_FIELDS = {
     "script",
     "env_id",
     "seed",
@@ -268,7 +269,7 @@ def check_ppo_smoke_logs(run, script: str, flags, env_id: str, lr: float):
         assert all(math.isfinite(row[k]) for k in ("pg_loss", "v_loss", "entropy", "approx_kl", "t_update"))
     assert rows[0]["fps"] is None and rows[-1]["fps"] > 0  # fps counts only after the 3 burn-in iterations
     assert rows[0]["lr"] == pytest.approx(lr) and rows[-1]["lr"] == pytest.approx(lr / 4)  # annealed
-    assert PPO_SUMMARY_FIELDS <= summary.keys(), PPO_SUMMARY_FIELDS - summary.keys()
+    assert SUMMARY_FIELDS <= summary.keys(), SUMMARY_FIELDS - summary.keys()
     assert summary["script"] == script[:-3] and summary["env_id"] == env_id
     assert summary["num_threads"] == 1 and summary["global_step"] == 256
     assert (summary["compile_time"] is not None) == ("--compile" in flags)

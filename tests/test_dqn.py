@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_rejected, read_metrics, read_summary, run_ids, run_script, script_fixture, smoke_fixture
+from conftest import (
+    SUMMARY_FIELDS,
+    assert_rejected,
+    read_metrics,
+    read_summary,
+    run_ids,
+    run_script,
+    script_fixture,
+    smoke_fixture,
+)
 
 SCRIPTS = ["dqn.py", "dqn_torchcompile.py"]
 # the off-policy smoke budget: 600 steps, learning from step 200, fps measured from step 300
@@ -36,22 +45,6 @@ ROW_FIELDS = {
     "t_update",
     "td_loss",
     "q_values",
-}
-SUMMARY_FIELDS = {
-    "script",
-    "env_id",
-    "seed",
-    "flags",
-    "device",
-    "torch",
-    "cpu",
-    "gpu",
-    "num_threads",
-    "total_timesteps",
-    "wall_time",
-    "fps",
-    "final_return",
-    "compile_time",
 }
 # the last run acts through torch on a CPU, the path CUDA takes (by default a CPU acts with numpy_act)
 RUNS = [(s, f) for s in SCRIPTS for f in ((), ("--compile",), ("--cudagraphs",))] + [(SCRIPTS[1], ("--no-numpy-act",))]

@@ -13,8 +13,8 @@ from tensordict import from_module
 import plumbing
 from conftest import (
     PPO_ROW_FIELDS,
-    PPO_SUMMARY_FIELDS,
     SMOKE,
+    SUMMARY_FIELDS,
     assert_rejected,
     assert_user_error,
     load_script,
@@ -44,7 +44,7 @@ def test_smoke(script, flag, log_dir):
     assert all(PPO_ROW_FIELDS <= r.keys() for r in rows)
     assert [r["fps"] is None for r in rows] == [True, True, True, False]  # burn-in of 3 iterations
     assert rows[-1]["fps"] > 0 and rows[-1]["episodic_return"] > 0
-    assert PPO_SUMMARY_FIELDS <= summary.keys()
+    assert SUMMARY_FIELDS <= summary.keys()
     assert summary["flags"]["compile"] == (flag == "--compile")
     assert (summary["compile_time"] is not None) == (flag == "--compile")
     if flag == "--cudagraphs":  # no CUDA here: one line says so, and the run goes on

@@ -21,9 +21,9 @@ import torch.multiprocessing as mp
 import plumbing
 from conftest import (
     PPO_ROW_FIELDS,
-    PPO_SUMMARY_FIELDS,
     ROOT,
     SMOKE,
+    SUMMARY_FIELDS,
     Child,
     assert_rejected,
     assert_user_error,
@@ -37,7 +37,7 @@ from conftest import (
 )
 
 ROW_FIELDS = PPO_ROW_FIELDS | {"world_size", "t_sync"}
-SUMMARY_FIELDS = PPO_SUMMARY_FIELDS | {"world_size"}
+DDP_SUMMARY_FIELDS = SUMMARY_FIELDS | {"world_size"}
 CLASSIC, ATARI = "ppo_ddp_torchcompile.py", "ppo_atari_envpool_ddp_torchcompile.py"
 
 
@@ -84,7 +84,7 @@ def test_torchrun_two_ranks_logs(two_ranks):
     assert all(ROW_FIELDS <= r.keys() for r in rows)
     assert all(r["world_size"] == 2 and r["t_sync"] > 0 for r in rows)
     assert rows[-1]["fps"] > 0 and rows[-1]["episodic_return"] > 0
-    assert SUMMARY_FIELDS <= summary.keys()
+    assert DDP_SUMMARY_FIELDS <= summary.keys()
     assert summary["world_size"] == 2 and summary["backend"] == "gloo" and summary["global_step"] == 1024
     assert err.count("logs in") == 1  # rank 0 alone reports (and logs)
 
