@@ -33,7 +33,8 @@ THRESHOLDS = {"CartPole-v1": 475.0}  # the env's own "solved" return, where it h
 
 @dataclass
 class Args:
-    """Turn run.sh's runs into the fps comparison: doc/fps_table.md, doc/fps.png and doc/returns_<family>.png."""
+    """Turn run.sh's runs into the fps comparison (doc/fps_table.md, doc/fps.png, doc/returns_<family>.png) or, with
+    --learning, into doc/learning.md and doc/learning_<family>.png."""
 
     runs: tyro.conf.Positional[Path]
     """the sweep's output folder (run.sh's OUT), holding <family>/<NN-configuration>/<seed>/ runs"""
