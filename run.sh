@@ -14,8 +14,16 @@
 # teacher (not in the default sweep: its 1024 x 6 networks learn slowly on a CPU): students of 64x2, 128x2 and 256x4
 # acting beside a 1024 x 6 teacher (ppo_teacher_student_torchcompile.py), and a 1024 x 6 network acting and learning on
 # its own (ppo_quantized_torchcompile.py, int8 acting copy), CartPole-v1 at the classic budget: `bash run.sh teacher`.
+# LEARN=1: the learning budgets instead, which show every script learning on a 2-core machine: the baseline and
+# --compile of every family, and the variants where the family has them (quantized, pruned with its default schedule,
+# ddp2), seeds "1 2" (SEEDS="1 2 3" for three), into runs/learn; then doc/learning.md (final returns against the
+# baseline's seeds, the verdicts, the machine and commit) and doc/learning_<family>.png. Steps per run: classic and
+# dqn 500k, atari 400k, mujoco 200k, sac and td3 100k (their own learning_starts). dqn_atari needs CleanRL's 10M
+# steps (learning from step 80k), out of reach on 2 cores: skipped unless DQN_ATARI_STEPS=10000000 is given.
 # SEEDS (default "21 31 41"), OUT (default runs/bench, or runs/smoke), DOC (default doc, or $OUT/doc with SMOKE).
 # Re-running resumes: a run with a summary.json is not repeated. What this machine cannot run is skipped, saying so.
+# DRY=1: print the runs that would run (one line each: family/configuration, then the command) and the report's
+# command, and run nothing.
 set -euo pipefail
 cd "$(dirname "$0")"
 FAMILIES=${*:-classic atari mujoco sac td3 dqn dqn_atari}
@@ -23,6 +31,12 @@ for f in $FAMILIES; do
   case $f in classic|atari|mujoco|sac|td3|dqn|dqn_atari|teacher) ;;
     *) echo "error: unknown family '$f' (classic, atari, mujoco, sac, td3, dqn, dqn_atari or teacher)" >&2; exit 2 ;; esac
 done
+LEARN=${LEARN:-0}
+DRY=${DRY:-0}
+if [ $(( ${SMOKE:-0} + ${FULL:-0} + LEARN )) -gt 1 ]; then
+  echo "error: SMOKE=1, FULL=1 and LEARN=1 are different sweeps: give one of them" >&2
+  exit 2
+fi
 dqn_budget() {  # family steps: DQN's budget flags (learning_starts, log lines, buffer) for a run of that many steps
   case $1 in
     dqn) echo --total-timesteps "$2" $([ "$2" -lt 20000 ] && echo --learning-starts 200 --measure-burnin 100 --log-every 100) ;;
@@ -40,6 +54,19 @@ if [ "${SMOKE:-0}" = 1 ]; then
 elif [ "${FULL:-0}" = 1 ]; then
   budget() { case $1 in dqn) dqn_budget dqn 500000;; dqn_atari) dqn_budget dqn_atari 10000000;;
     *) echo --total-timesteps "$(case $1 in classic|teacher) echo 500000;; atari) echo 10000000;; *) echo 1000000;; esac)";; esac; }
+elif [ "$LEARN" = 1 ]; then
+  OUT=${OUT:-runs/learn}
+  SEEDS=${SEEDS:-1 2}
+  budget() {  # steps where each family has learned with CleanRL's settings, within hours on 2 cores
+    case $1 in
+      classic|teacher) echo --total-timesteps 500000 ;;
+      atari) echo --total-timesteps 400000 ;;
+      mujoco) echo --total-timesteps 200000 ;;
+      sac|td3) echo --total-timesteps 100000 ;;
+      dqn) dqn_budget dqn 500000 ;;
+      dqn_atari) dqn_budget dqn_atari "${DQN_ATARI_STEPS:-10000000}" ;;
+    esac
+  }
 else
   budget() { case $1 in dqn) dqn_budget dqn "${DQN_STEPS:-30000}";; dqn_atari) dqn_budget dqn_atari "${DQN_ATARI_STEPS:-6000}";;
     *) echo --total-timesteps "$(case $1 in classic|teacher) echo "${CLASSIC_STEPS:-200000}";; atari) echo "${ATARI_STEPS:-10240}";; mujoco) echo "${MUJOCO_STEPS:-20480}";; *) echo "${OFFPOLICY_STEPS:-8000}";; esac)"
@@ -50,13 +77,22 @@ read -r CUDA BF16 CORES < <(python -c "import os, torch
 print(int(torch.cuda.is_available()), int(torch.ops.mkldnn._is_mkldnn_bf16_supported()), os.cpu_count())")
 
 skip() {  # skip family config reason: the report shows the configuration as skipped, with the reason
+  if [ "$DRY" = 1 ]; then
+    echo "skip $1/$2: $3"
+    return
+  fi
   mkdir -p "$OUT/$1/$2"; echo "$3" > "$OUT/$1/$2/SKIPPED"; echo "== skip $1/$2: $3" >&2
 }
 
 run() {  # run family config seed command...: one run, unless it finished before
   local family=$1 config=$2 seed=$3; shift 3
   local dir="$OUT/$family/$config/$seed"
-  [ -f "$dir/summary.json" ] && return
+  # one stopped early (Ctrl-C, which stops the sweep too) wrote a summary.json as well: it runs again
+  if [ -f "$dir/summary.json" ] && ! grep -q '"interrupted": true' "$dir/summary.json"; then return; fi
+  if [ "$DRY" = 1 ]; then
+    echo "$family/$config:" "$@" --seed "$seed" --log-dir "$dir" $(budget "$family")
+    return
+  fi
   rm -rf "$dir" "$OUT/$family/$config/SKIPPED"
   echo "== $family/$config seed $seed" >&2
   "$@" --seed "$seed" --log-dir "$dir" $(budget "$family")
@@ -64,6 +100,10 @@ run() {  # run family config seed command...: one run, unless it finished before
 
 family() {  # family baseline torchcompile [quantized pruned ddp]: the configurations of one family, per seed
   local f=$1 base=leanrl/$2 tc=leanrl/$3 quant=${4:+leanrl/$4} pruned=${5:+leanrl/$5} ddp=${6:+leanrl/$6} seed
+  if [ "$LEARN" = 1 ]; then
+    learn_family "$@"
+    return
+  fi
   [ "$CUDA" = 1 ] || skip "$f" 04-compile-cudagraphs "no CUDA device"
   [ -n "$COMPILE" ] || skip "$f" 03-compile "SMOKE=1 runs no compiled configuration"
   if [ "$f" = atari ] && [ "$BF16" = 0 ]; then skip "$f" 05-bf16 "no native bf16 on this CPU"; fi
@@ -84,6 +124,27 @@ family() {  # family baseline torchcompile [quantized pruned ddp]: the configura
     fi
     # the PPO families' ceiling: their envs stepped with random actions and no policy (leanrl/tools/bench_env.py)
     case $f in classic|atari|mujoco) run "$f" 09-env-alone "$seed" python leanrl/tools/bench_env.py --family "$f" ;; esac
+  done
+}
+
+learn_family() {  # family baseline torchcompile [quantized pruned ddp]: LEARN=1's configurations, per seed
+  local f=$1 base=leanrl/$2 tc=leanrl/$3 quant=${4:+leanrl/$4} pruned=${5:+leanrl/$5} ddp=${6:+leanrl/$6} seed
+  if [ "$f" = dqn_atari ] && [ -z "${DQN_ATARI_STEPS:-}" ]; then
+    local why="needs a faster machine: DQN learns Breakout over CleanRL's 10M steps (learning from step 80k), about"
+    why+=" 40 hours a run at the ~70 fps of 2 CPU cores; DQN_ATARI_STEPS=10000000 LEARN=1 bash run.sh dqn_atari runs it"
+    skip "$f" 01-baseline "$why"
+    skip "$f" 03-compile "$why"
+    return
+  fi
+  if [ -n "$ddp" ] && [ "$CORES" -lt 2 ]; then skip "$f" 08-ddp2 "one CPU core: no room for 2 ranks"; fi
+  for seed in $SEEDS; do
+    run "$f" 01-baseline "$seed" python "$base"
+    run "$f" 03-compile "$seed" python "$tc" --compile
+    if [ -n "$quant" ]; then run "$f" 06-quantized "$seed" python "$quant" --compile; fi
+    if [ -n "$pruned" ]; then run "$f" 07-pruned "$seed" python "$pruned" --compile; fi
+    if [ -n "$ddp" ] && [ "$CORES" -ge 2 ]; then
+      run "$f" 08-ddp2 "$seed" python -m torch.distributed.run --standalone --nproc-per-node 2 "$ddp" --compile
+    fi
   done
 }
 
@@ -114,5 +175,11 @@ for f in $FAMILIES; do
     teacher) teacher_family ;;
   esac
 done
+report=(python leanrl/tools/report.py "$OUT" --out "$DOC")
+if [ "$LEARN" = 1 ]; then report+=(--learning); fi
+if [ "$DRY" = 1 ]; then
+  echo "${report[*]}"
+  exit 0
+fi
 echo "== sweep took $(( (SECONDS - start) / 60 )) min" >&2
-python leanrl/tools/report.py "$OUT" --out "$DOC"
+"${report[@]}"

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sys
 
 from conftest import ROOT, assert_user_error, run_command
@@ -9,10 +10,12 @@ from conftest import ROOT, assert_user_error, run_command
 ROW = {"episodic_return": None, "time": 1.0}
 
 
-def fake_run(path, env_id, steps, fps, final, compile_time=None):
-    """A finished run as a training script leaves it: summary.json and metrics.jsonl."""
+def fake_run(path, env_id, steps, fps, final, compile_time=None, script="ppo"):
+    """A finished run as a training script leaves it: summary.json and metrics.jsonl, the seed its folder's name."""
     path.mkdir(parents=True)
     summary = {
+        "script": script,
+        "seed": int(path.name),
         "env_id": env_id,
         "total_timesteps": steps,
         "fps": fps,
@@ -21,6 +24,9 @@ def fake_run(path, env_id, steps, fps, final, compile_time=None):
         "gpu": None,
         "torch": "2.13.0+cpu",
         "compile_time": compile_time,
+        "wall_time": 900.0,
+        "global_step": steps,
+        "interrupted": False,
     }
     (path / "summary.json").write_text(json.dumps(summary))
     rows = [
@@ -30,8 +36,9 @@ def fake_run(path, env_id, steps, fps, final, compile_time=None):
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def report(runs, out):
-    return run_command([sys.executable, ROOT / "leanrl" / "tools" / "report.py", runs, "--out", out], timeout=300)
+def report(runs, out, *flags):
+    cmd = [sys.executable, ROOT / "leanrl" / "tools" / "report.py", runs, "--out", out, *flags]
+    return run_command(cmd, timeout=300)
 
 
 def test_report_on_synthetic_runs(tmp_path):
@@ -84,6 +91,143 @@ def test_report_shows_the_teacher_family(tmp_path):
     student = "| `student-64x2` | 2 | 500 (500-500) | - | - (0/2 reached) | - | 20.0 ± 0.0 (n=2) | 50.0 ± 14.1 (n=2) |"
     assert student in text
     assert "| `large-alone` | 1 | 200 (200-200) | - | - (0/1 reached) | - | 30.0 ± 0.0 (n=1) | - |" in text
+
+
+def test_learning_report_on_synthetic_runs(tmp_path):
+    """--learning: each configuration's final return beside the baseline's seeds, one verdict per configuration, the
+    skipped families and configurations with their reasons, the caption, the returns plots; no fps table."""
+    runs = tmp_path / "runs"
+    finals = {
+        "01-baseline": ("ppo", 400.0, 480.0),
+        "03-compile": ("ppo_torchcompile", 450.0, 470.0),
+        "06-quantized": ("ppo_quantized_torchcompile", 100.0, 130.0),
+        "07-pruned": ("ppo_pruned_torchcompile", 490.0, 500.0),
+    }
+    for config, (script, *values) in finals.items():
+        for seed, final in zip((1, 2), values):
+            fake_run(runs / "classic" / config / str(seed), "CartPole-v1", 500000, 1000, final, script=script)
+    (runs / "classic/08-ddp2").mkdir()
+    (runs / "classic/08-ddp2/SKIPPED").write_text("one CPU core: no room for 2 ranks\n")
+    fake_run(runs / "sac/01-baseline/1", "HalfCheetah-v4", 100000, 100, 2000.0, script="sac_continuous_action")
+    # a run stopped early: its return counts, and its row says where it stopped
+    fake_run(
+        runs / "sac/03-compile/1", "HalfCheetah-v4", 100000, 300, 900.0, script="sac_continuous_action_torchcompile"
+    )
+    summary = json.loads((runs / "sac/03-compile/1/summary.json").read_text())
+    summary.update(interrupted=True, global_step=40000)
+    (runs / "sac/03-compile/1/summary.json").write_text(json.dumps(summary))
+    for config in ("01-baseline", "03-compile"):
+        (runs / "dqn_atari" / config).mkdir(parents=True)
+        (runs / "dqn_atari" / config / "SKIPPED").write_text("needs a faster machine: 10M steps\n")
+    proc = report(runs, tmp_path / "doc", "--learning")
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "doc/learning.md").read_text()
+    lines = text.splitlines()
+    assert (
+        "| configuration | script | first logged return (mean) | final return (mean ± std) "
+        "| each seed (seed: final return) | `baseline` (mean, min to max) | verdict |"
+    ) in lines
+    assert (
+        "| `baseline` | `ppo` | 220.0 | 440.0 ± 56.6 (n=2) | 1: 400.0, 2: 480.0 | 440.0 (400.0 to 480.0) | reference |"
+    ) in lines
+    assert (
+        "| `compile` | `ppo_torchcompile` | 230.0 | 460.0 ± 14.1 (n=2) | 1: 450.0, 2: 470.0 | 440.0 (400.0 to 480.0) "
+        "| within the baseline's seed spread |"
+    ) in lines
+    assert (
+        "| `quantized` | `ppo_quantized_torchcompile` | 57.5 | 115.0 ± 21.2 (n=2) | 1: 100.0, 2: 130.0 "
+        "| 440.0 (400.0 to 480.0) | outside: below |"
+    ) in lines
+    assert "| 495.0 ± 7.1 (n=2) | 1: 490.0, 2: 500.0 | 440.0 (400.0 to 480.0) | outside: above |" in text
+    assert "| `ddp2` | skipped: one CPU core: no room for 2 ranks | - | - | - | 440.0 (400.0 to 480.0) | - |" in lines
+    assert "| 1: 900.0 (stopped at 40,000 steps) | 2000.0 (2000.0 to 2000.0) | outside: below |" in text
+    assert "## classic: CartPole-v1, 500,000 steps per run" in lines
+    assert "## sac: HalfCheetah-v4, 100,000 steps per run" in lines
+    assert lines[lines.index("## dqn_atari") + 2] == "Not run: needs a faster machine: 10M steps."
+    commit = next(ln for ln in lines if ln.startswith("- commit: "))
+    assert re.fullmatch(r"- commit: [0-9a-f]{7,} \((clean tree|with uncommitted changes)\), .*", commit), commit
+    assert "- machine: Test CPU (2 cores), GPU: none, torch 2.13.0+cpu" in lines
+    assert "- seeds: 1, 2" in lines
+    assert "- steps per run: classic 500,000; sac 100,000" in lines
+    assert "- time: 2.5 h, the sum of the runs' wall times (run.sh runs them one after another)" in lines  # 10 runs
+    assert "lies between the lowest and the highest final return of the baseline's seeds" in text
+    for png in ("learning_classic.png", "learning_sac.png"):
+        assert (tmp_path / "doc" / png).stat().st_size > 0
+    assert not (tmp_path / "doc/learning_dqn_atari.png").exists()
+    assert not (tmp_path / "doc/fps_table.md").exists()
+
+
+def dry_run(tmp_path, *families, **env):
+    """run.sh's DRY=1 lines: {family/configuration: [command, ...]} and the other lines (skips, the report)."""
+    env = dict(os.environ, DRY="1", OUT=str(tmp_path / "runs"), **env)
+    proc = run_command(["bash", "run.sh", *families], tmp_path / "dry", timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    runs = {}
+    other = []
+    for line in proc.stdout.splitlines():
+        key, _, command = line.partition(": ")
+        if line.startswith(("skip ", "python leanrl/tools/report.py")):
+            other.append(line)
+        else:
+            runs.setdefault(key, []).append(command)
+    return runs, other
+
+
+def flag(command: str, name: str) -> str:
+    words = command.split()
+    return words[words.index(name) + 1]
+
+
+def test_run_sh_learn_budgets(tmp_path):
+    """LEARN=1 DRY=1: each family's learning budget, the baseline, --compile and the family's variants, both seeds;
+    dqn_atari skipped with the budget that would show it; nothing run or written. A finished run is not repeated,
+    one stopped early is."""
+    runs, other = dry_run(tmp_path, LEARN="1")
+    steps = {"classic": 500000, "atari": 400000, "mujoco": 200000, "sac": 100000, "td3": 100000, "dqn": 500000}
+    ddp = ["08-ddp2"] if (os.cpu_count() or 1) >= 2 else []
+    variants = ["06-quantized", "07-pruned"] + ddp
+    expected = {
+        family: ["01-baseline", "03-compile"] + (variants if family in ("classic", "atari") else []) for family in steps
+    }
+    assert sorted(runs) == sorted(f"{family}/{config}" for family, configs in expected.items() for config in configs)
+    for key, commands in runs.items():
+        family = key.split("/")[0]
+        assert [flag(c, "--seed") for c in commands] == ["1", "2"], key
+        for command in commands:
+            assert flag(command, "--total-timesteps") == str(steps[family]), command
+            assert flag(command, "--log-dir") == str(tmp_path / "runs" / key / flag(command, "--seed"))
+            # the scripts' own learning_starts and pruning schedule; every contender compiled
+            assert "--learning-starts" not in command and "--prune-start" not in command, command
+            assert ("--compile" in command) == (not key.endswith("01-baseline")), command
+    assert runs["classic/08-ddp2"][0].startswith("python -m torch.distributed.run --standalone --nproc-per-node 2 ")
+    assert runs["atari/07-pruned"][0].startswith("python leanrl/ppo_atari_envpool_pruned_torchcompile.py --compile ")
+    skips = [line for line in other if line.startswith("skip dqn_atari/")]
+    assert [line.split(":")[0] for line in skips] == ["skip dqn_atari/01-baseline", "skip dqn_atari/03-compile"]
+    assert "needs a faster machine" in skips[0] and "10M steps (learning from step 80k)" in skips[0]
+    assert other[-1] == f"python leanrl/tools/report.py {tmp_path / 'runs'} --out doc --learning"
+    assert not (tmp_path / "runs").exists()
+
+    done = tmp_path / "runs/sac/01-baseline/1"
+    fake_run(done, "HalfCheetah-v4", 100000, 100, 2000.0)
+    fake_run(tmp_path / "runs/sac/03-compile/1", "HalfCheetah-v4", 100000, 100, 2000.0)
+    summary = json.loads((tmp_path / "runs/sac/03-compile/1/summary.json").read_text())
+    (tmp_path / "runs/sac/03-compile/1/summary.json").write_text(json.dumps(dict(summary, interrupted=True), indent=2))
+    runs, _ = dry_run(tmp_path, "sac", LEARN="1", SEEDS="1 2 3")
+    assert [flag(c, "--seed") for c in runs["sac/01-baseline"]] == ["2", "3"]
+    assert [flag(c, "--seed") for c in runs["sac/03-compile"]] == ["1", "2", "3"]
+    runs, other = dry_run(tmp_path, "dqn_atari", LEARN="1", DQN_ATARI_STEPS="10000000")
+    assert flag(runs["dqn_atari/03-compile"][0], "--total-timesteps") == "10000000" and not other[:-1]
+
+
+def test_run_sh_default_sweep_unchanged(tmp_path):
+    """DRY=1 without LEARN: the fps sweep's configurations and short budgets, as before."""
+    runs, _ = dry_run(tmp_path, "classic", "sac", SEEDS="21")
+    assert "classic/02-eager" in runs and "classic/09-env-alone" in runs
+    assert "--prune-start 1" in runs["classic/07-pruned"][0]
+    assert flag(runs["classic/01-baseline"][0], "--total-timesteps") == "200000"
+    assert flag(runs["sac/03-compile"][0], "--learning-starts") == "5000"
+    bad = run_command(["bash", "run.sh"], tmp_path / "bad", timeout=60, env=dict(os.environ, LEARN="1", SMOKE="1"))
+    assert_user_error(bad, "different sweeps")
 
 
 def test_report_bad_input(tmp_path):

@@ -1,6 +1,8 @@
-"""Turn run.sh's runs into the fps comparison: doc/fps_table.md, doc/fps.png and doc/returns_<family>.png.
+"""Turn run.sh's runs into the fps comparison: doc/fps_table.md, doc/fps.png and doc/returns_<family>.png; or, with
+--learning, into the learning evidence of `LEARN=1 bash run.sh`: doc/learning.md and doc/learning_<family>.png.
 
     python leanrl/tools/report.py runs/bench --out doc
+    python leanrl/tools/report.py runs/learn --out doc --learning
 
 A run lives in RUNS/<family>/<NN-configuration>/<seed>/ with the summary.json and metrics.jsonl that every
 training script writes. The two-digit prefix orders the columns across families (01 is the baseline), so a
@@ -12,6 +14,7 @@ import datetime
 import json
 import os
 import statistics
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +33,16 @@ THRESHOLDS = {"CartPole-v1": 475.0}  # the env's own "solved" return, where it h
 
 @dataclass
 class Args:
-    """Turn run.sh's runs into the fps comparison: doc/fps_table.md, doc/fps.png and doc/returns_<family>.png."""
+    """Turn run.sh's runs into the fps comparison (doc/fps_table.md, doc/fps.png, doc/returns_<family>.png) or, with
+    --learning, into doc/learning.md and doc/learning_<family>.png."""
 
     runs: tyro.conf.Positional[Path]
     """the sweep's output folder (run.sh's OUT), holding <family>/<NN-configuration>/<seed>/ runs"""
     out: Path = Path("doc")
     """where the table and the plots go"""
+    learning: bool = False
+    """write learning.md and learning_<family>.png (the final returns against the baseline's seeds) instead of the fps
+    table: for the runs of `LEARN=1 bash run.sh`"""
 
 
 @dataclass
@@ -232,26 +239,27 @@ def plot_returns(family: str, configs: dict, out: Path) -> str:
     return name
 
 
-def main():
-    args = plumbing.parse_args(Args)
-    if not args.runs.is_dir():
-        plumbing.fail(f"{args.runs} is not a folder: give the OUT folder of run.sh")
-    data = {f: c for f, c in load(args.runs).items() if any(cfg.runs for cfg in c.values())}
-    if not data:
-        plumbing.fail(f"no finished runs under {args.runs} (expected <family>/<NN-configuration>/<seed>/summary.json)")
-    columns = sorted({name for configs in data.values() for name in configs})
-    args.out.mkdir(parents=True, exist_ok=True)
-    hardware = sorted(
+def hardware(data: dict) -> str:
+    """The machines the runs ran on, as their summaries say: CPU model and cores, GPU, torch."""
+    found = sorted(
         {(s["cpu"], s["gpu"] or "none", s["torch"]) for c in data.values() for cfg in c.values() for s, _ in cfg.runs}
     )
-    newest = max(p.stat().st_mtime for p in args.runs.glob("*/*/*/summary.json"))
+    return "; ".join(f"{cpu}, GPU: {gpu}, torch {torch}" for cpu, gpu, torch in found)
+
+
+def finished(runs: Path) -> str:
+    """The day the newest run finished."""
+    newest = max(p.stat().st_mtime for p in runs.glob("*/*/*/summary.json"))
+    return datetime.date.fromtimestamp(newest).isoformat()
+
+
+def fps_report(args: Args, data: dict):
+    columns = sorted({name for configs in data.values() for name in configs})
     lines = [
         "# fps comparison",
         "",
         f"Written by `python leanrl/tools/report.py {args.runs}` (the last step of `run.sh`); sweep finished "
-        f"{datetime.date.fromtimestamp(newest).isoformat()}. Hardware: "
-        + "; ".join(f"{cpu}, GPU: {gpu}, torch {torch}" for cpu, gpu, torch in hardware)
-        + ".",
+        f"{finished(args.runs)}. Hardware: {hardware(data)}.",
         "",
         "fps: environment steps per second over whole iterations after burn-in (off-policy families: after "
         "learning_starts plus the burn-in), median over seeds. "
@@ -267,6 +275,156 @@ def main():
         lines += ["", f"![{family} returns]({plot_returns(family, configs, args.out)})", ""]
     (args.out / "fps_table.md").write_text("\n".join(lines))
     print(f"wrote {args.out / 'fps_table.md'}, {args.out / 'fps.png'} and the returns plots")
+
+
+def verdict(values: list, baseline: list) -> str:
+    """The rule in learning.md's caption: the mean final return against the range of the baseline's seeds."""
+    if not values or not baseline:
+        return "-"
+    mean = statistics.mean(values)
+    if mean < min(baseline):
+        return "outside: below"
+    if mean > max(baseline):
+        return "outside: above"
+    return "within the baseline's seed spread"
+
+
+def commit() -> str:
+    """The checkout's commit and whether its tracked files differ from it."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, check=True)
+        changes = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    tree = "with uncommitted changes" if changes.stdout.strip() else "clean tree"
+    return f"{head.stdout.decode().strip()} ({tree})"
+
+
+def seed_value(summary: dict) -> str:
+    value = f"{summary['seed']}: {fmt(summary['final_return'], '.1f')}"
+    if summary.get("interrupted"):
+        value += f" (stopped at {summary['global_step']:,} steps)"
+    return value
+
+
+def first_logged(rows: list):
+    return next((r["episodic_return"] for r in rows if r["episodic_return"] is not None), None)
+
+
+def budget(configs: dict) -> str:
+    steps = sorted({s["total_timesteps"] for c in configs.values() for s, _ in c.runs})
+    return " / ".join(f"{n:,}" for n in steps)
+
+
+def learning_table(configs: dict) -> list:
+    """Per configuration: the final return (mean ± std, each seed) beside the baseline's, and the verdict."""
+    reference = next(iter(configs))  # 01-baseline, or the family's first configuration
+    base = configs[reference].finals
+    base_cell = f"{statistics.mean(base):.1f} ({min(base):.1f} to {max(base):.1f})" if base else "-"
+    head = [
+        "configuration",
+        "script",
+        "first logged return (mean)",
+        "final return (mean ± std)",
+        "each seed (seed: final return)",
+        f"`{column_name(reference)}` (mean, min to max)",
+        "verdict",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---:|---|---:|---|"]
+    for name, c in configs.items():
+        if c.skipped:
+            lines.append(f"| `{column_name(name)}` | skipped: {c.skipped} | - | - | - | {base_cell} | - |")
+            continue
+        firsts = [r for r in (first_logged(rows) for _, rows in c.runs) if r is not None]
+        cells = [
+            f"`{column_name(name)}`",
+            ", ".join(sorted({f"`{s['script']}`" for s, _ in c.runs})),
+            fmt(statistics.mean(firsts) if firsts else None, ".1f"),
+            mean_spread(c.finals),
+            ", ".join(seed_value(s) for s, _ in sorted(c.runs, key=lambda run: run[0]["seed"])),
+            base_cell,
+            "reference" if name == reference else verdict(c.finals, base),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot_learning(family: str, configs: dict, out: Path) -> str:
+    """Returns against environment steps: a colour per configuration, a thin line per seed."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    env_id = first_summary(configs)["env_id"]
+    for i, (name, c) in enumerate(configs.items()):
+        for j, (_, rows) in enumerate(c.runs):
+            pts = [(r["global_step"], r["episodic_return"]) for r in rows if r["episodic_return"] is not None]
+            label = column_name(name) if j == 0 else None
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=f"C{i}", alpha=0.7, lw=0.8, label=label)
+    if env_id in THRESHOLDS:
+        ax.axhline(THRESHOLDS[env_id], color="grey", ls="--", lw=0.8, label="solved")
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("episodic return (last 20 episodes)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{family}: {env_id}, a line per seed")
+    fig.tight_layout()
+    name = f"learning_{family}.png"
+    fig.savefig(out / name, dpi=100)
+    plt.close(fig)
+    return name
+
+
+def learning_report(args: Args, data: dict):
+    ran = {f: c for f, c in data.items() if any(cfg.runs for cfg in c.values())}
+    summaries = [s for c in ran.values() for cfg in c.values() for s, _ in cfg.runs]
+    seeds = sorted({s["seed"] for s in summaries})
+    seconds = sum(s["wall_time"] for s in summaries)
+    took = f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+    lines = [
+        "# Learning at each family's budget",
+        "",
+        f"Written by `python leanrl/tools/report.py {args.runs} --learning` (the last step of `LEARN=1 bash run.sh`) "
+        f"on {datetime.date.today().isoformat()}; the newest run finished {finished(args.runs)}.",
+        "",
+        f"- commit: {commit()}, the checkout that wrote this page",
+        f"- machine: {hardware(ran)}",
+        f"- seeds: {', '.join(str(seed) for seed in seeds)}",
+        "- steps per run: " + "; ".join(f"{family} {budget(configs)}" for family, configs in ran.items()),
+        f"- time: {took}, the sum of the runs' wall times (run.sh runs them one after another)",
+        "",
+        "Final return: the mean episodic return of the last 20 episodes when the run ended (summary.json's "
+        "`final_return`); first logged return: the first such mean the run logged, where it started from. "
+        "Verdict: `within the baseline's seed spread` when the configuration's mean final return lies between the "
+        "lowest and the highest final return of the baseline's seeds (ends included), otherwise `outside: below` or "
+        "`outside: above`. With two or three seeds the spread is narrow and RL returns vary widely between seeds: "
+        "`outside` asks for a look at the plot and more seeds, it does not prove a difference.",
+        "",
+    ]
+    for family, configs in data.items():
+        if family not in ran:
+            reasons = sorted({c.skipped for c in configs.values()})
+            lines += [f"## {family}", ""] + [f"Not run: {reason.rstrip('.')}." for reason in reasons] + [""]
+            continue
+        lines += [f"## {family}: {first_summary(configs)['env_id']}, {budget(configs)} steps per run", ""]
+        lines += learning_table(configs)
+        lines += ["", f"![{family} returns]({plot_learning(family, configs, args.out)})", ""]
+    (args.out / "learning.md").write_text("\n".join(lines))
+    print(f"wrote {args.out / 'learning.md'} and the learning plots")
+
+
+def main():
+    args = plumbing.parse_args(Args)
+    if not args.runs.is_dir():
+        plumbing.fail(f"{args.runs} is not a folder: give the OUT folder of run.sh")
+    data = load(args.runs)
+    if not any(cfg.runs for configs in data.values() for cfg in configs.values()):
+        plumbing.fail(f"no finished runs under {args.runs} (expected <family>/<NN-configuration>/<seed>/summary.json)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.learning:
+        learning_report(args, data)
+    else:
+        fps_report(args, {f: c for f, c in data.items() if any(cfg.runs for cfg in c.values())})
 
 
 if __name__ == "__main__":
