@@ -382,7 +382,17 @@ def test_ctrl_c_then_resume_matches_uninterrupted(script, tmp_path):
     """Ctrl-C stops after the iteration with logs and a checkpoint; resuming it reaches the parameters of a run
     that was never interrupted, bit for bit (eager mode: the same ops in the same order; the checkpoint carries
     the RNG and the classic-control env state)."""
-    flags = ["--num-envs", "2", "--num-steps", "32", "--total-timesteps", str(64 * 300), "--save-model"]
+    flags = [
+        "--num-envs",
+        "2",
+        "--num-steps",
+        "32",
+        "--total-timesteps",
+        str(64 * 300),
+        "--save-model",
+        "--num-threads",
+        "1",
+    ]
     first = tmp_path / "first"
     proc = start_script(script, *flags, log_dir=first)
     proc.wait_until(lambda: len(read_metrics_so_far(first)) >= 5, 300, "5 iterations in metrics.jsonl")
