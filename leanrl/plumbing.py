@@ -187,7 +187,8 @@ def load_checkpoint(args, script: str, same: tuple = ("env_id",)) -> dict:
     another script's, or one trained with other values of the flags in `same` is a user mistake."""
     try:
         ckpt = torch.load(args.resume, weights_only=True, map_location="cpu")
-        written_by, saved = ckpt["script"], ckpt["args"]
+        written_by = ckpt["script"]
+        saved = ckpt["args"]
     except FileNotFoundError:
         fail(f"--resume {args.resume}: no such file")
     except Exception as e:
@@ -299,7 +300,10 @@ class Run:
         lead: bool = True,
         compiling: Optional[bool] = None,
     ):
-        self.args, self.script, self.device, self.lead = args, script, device, lead
+        self.args = args
+        self.script = script
+        self.device = device
+        self.lead = lead
         self.stop = StopFlag()
         self.consistent = True
         self.fps = None
