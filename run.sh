@@ -74,7 +74,7 @@ else
 fi
 OUT=${OUT:-runs/bench}; DOC=${DOC:-doc}; SEEDS=${SEEDS:-21 31 41}; COMPILE=${COMPILE---compile}
 read -r CUDA BF16 CORES < <(python -c "import os, torch
-print(int(torch.cuda.is_available()), int(torch.ops.mkldnn._is_mkldnn_bf16_supported()), os.cpu_count())")
+print(int(torch.cuda.is_available()), int(torch.ops.mkldnn._is_mkldnn_bf16_supported()), len(os.sched_getaffinity(0)))")
 
 skip() {  # skip family config reason: the report shows the configuration as skipped, with the reason
   if [ "$DRY" = 1 ]; then

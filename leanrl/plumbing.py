@@ -243,12 +243,20 @@ class Episodes:
         self.finished.extend(state["finished"].tolist())
 
 
+def cores() -> int:
+    """The cores this process may run on: the affinity mask where the OS has one (taskset, a container's cpuset), which
+    os.cpu_count() ignores: a thread per machine core on fewer cores than that stalls the matrix products."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def machine_info(device: torch.device) -> dict:
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({os.cpu_count()} cores)", gpu=gpu)
+    return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({cores()} cores)", gpu=gpu)
 
 
 class StopFlag:

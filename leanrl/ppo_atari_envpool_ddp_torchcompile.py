@@ -488,7 +488,7 @@ def main(args: Args):
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     # the ranks on one machine share its cores: each gets its share, or it oversubscribes them
-    args.num_threads = args.num_threads or max(1, (os.cpu_count() or 1) // int(os.getenv("LOCAL_WORLD_SIZE", "1")))
+    args.num_threads = args.num_threads or max(1, plumbing.cores() // int(os.getenv("LOCAL_WORLD_SIZE", "1")))
     torch.set_num_threads(args.num_threads)
     device = dist_.device
     if args.cudagraphs and args.world_size > 1 and dist_.backend != "nccl":

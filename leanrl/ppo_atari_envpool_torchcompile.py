@@ -21,7 +21,6 @@ The algorithm, network and defaults of ppo_atari_envpool.py (CleanRL's). Its tri
 """
 
 import functools
-import os
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -109,7 +108,7 @@ class Args:
     resume: Optional[str] = None
     """path of an agent.pt written by --save-model: continue that run (the games restart: envpool cannot snapshot
     its emulators, so a resumed run plays fresh games, seeded anew, and loses the games that were in flight)"""
-    num_threads: int = os.cpu_count() or 1
+    num_threads: int = plumbing.cores()
     """torch intra-op threads (default: every core: the update's convolutions dominate and use them all; on a 2-core
     CPU, 2 measured fastest)"""
     split_envs: bool = torch.cuda.is_available()

@@ -20,7 +20,6 @@ Python and dispatch on a CPU, so the tricks remove machinery, each in the functi
 
 import functools
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -105,7 +104,7 @@ class Args:
     with the restored policy, before the updates go on; the env starts a fresh episode)"""
     bf16: bool = False
     """if toggled, the updates run the networks' matrix products in bf16 (autocast; the losses and Adam stay fp32)"""
-    num_threads: int = os.cpu_count() or 1
+    num_threads: int = plumbing.cores()
     """torch intra-op threads (default: every core: the batch-256 updates are matrix products, which use them all; on
     a 2-core EPYC, --compile stepped at 208 (SAC) and 366 (TD3) steps/s on two threads, 126 and 180 on one)"""
 

@@ -272,6 +272,16 @@ def test_pick_device_drops_cudagraphs_without_cuda(capsys):
     assert capsys.readouterr().err.count("--cudagraphs ignored") == 1
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no affinity mask on this OS")
+def test_cores_counts_the_cores_the_process_may_use():
+    """Under taskset-like pinning to one core, the thread default follows the mask, not the machine's core count."""
+    code = "import os, plumbing; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); print(plumbing.cores())"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "leanrl"))
+    result = run_command([sys.executable, "-c", code], env=env, timeout=60, check=True)
+    assert result.stdout.strip() == "1"
+    assert plumbing.cores() == len(os.sched_getaffinity(0))
+
+
 STOP = """
 import os, signal, sys, time
 sys.path.insert(0, "leanrl")

@@ -64,7 +64,7 @@ def check_args(args: Args) -> list:
             plumbing.fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.measure_burnin < 0:
         plumbing.fail(f"--measure-burnin must be at least 0, got {args.measure_burnin}")
-    top = args.max_world_size if args.max_world_size is not None else os.cpu_count() or 1
+    top = args.max_world_size if args.max_world_size is not None else plumbing.cores()
     if top <= 0:
         plumbing.fail(f"--max-world-size must be positive, got {top}")
     sizes = list(range(1, top + 1))
