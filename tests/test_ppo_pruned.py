@@ -42,8 +42,8 @@ RUNS = [
 ]
 
 
-# below the lowest best mean return after the last pruning step of 9 measured runs (406; doc/pruned.md)
-LEARNED = 300
+# CartPole-v1 solved: every one of 5 measured seeds reached it after the default schedule's last step (doc/pruned.md)
+LEARNED = 475
 
 
 def n_params(*shapes):
@@ -282,16 +282,14 @@ def test_mask_mode_zeroes_what_structural_removes_and_masks_survive_updates():
 
 def test_learns_cartpole_while_pruning_half(tmp_path):
     """CartPole-v1 with half of every hidden layer pruned away (the default schedule: 5 steps, the last at iteration
-    100), eager, seed 1: after the last step the mean return of the last 20 episodes reaches LEARNED within the
-    default 500k steps, so the half-width network goes on learning after the surgery. Not 475: pruned runs do not all
-    solve CartPole within 500k steps (2 of 5 seeds did not on a 2-core AMD EPYC, doc/pruned.md), and another CPU's
-    float kernels give another trajectory from the same seed. LEARNED is what every measured run reached, with a
-    margin. The run is stopped with Ctrl-C once it gets there."""
+    18), eager, seed 1: after the last step the mean return of the last 20 episodes reaches LEARNED (solved) within
+    the default 500k steps, so the half-width network learns the task after the surgery. The run is stopped with
+    Ctrl-C once it gets there."""
     proc = start_script(CLASSIC, "--prune-ratio", "0.5", "--seed", "1", "--num-threads", "1", log_dir=tmp_path)
 
     def learned():
         return any(
-            r["iteration"] > 100 and (r["episodic_return"] or 0) >= LEARNED for r in read_metrics_so_far(tmp_path)
+            r["iteration"] > 18 and (r["episodic_return"] or 0) >= LEARNED for r in read_metrics_so_far(tmp_path)
         )
 
     proc.wait_until(learned, 900, f"a mean return of {LEARNED} after the last pruning step")
