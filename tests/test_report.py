@@ -3,7 +3,9 @@
 import json
 import os
 import re
+import subprocess
 import sys
+import time
 
 from conftest import ROOT, assert_user_error, run_command
 
@@ -71,6 +73,41 @@ def test_report_on_synthetic_runs(tmp_path):
     assert "Test CPU (2 cores), GPU: none, torch 2.13.0+cpu" in text
     for png in ("fps.png", "returns_classic.png", "returns_atari.png"):
         assert (tmp_path / "doc" / png).stat().st_size > 0
+
+
+def test_fps_report_caption(tmp_path):
+    """doc/fps_table.md's caption, filled in by report.py itself: the checkout's commit and whether its tree is clean,
+    the day the newest run finished, each machine the summaries name (CPU and cores, GPU, torch), and exactly the
+    seeds of the runs, in numeric order."""
+    runs = tmp_path / "runs"
+    for seed in (3, 11):
+        fake_run(runs / "classic/01-baseline" / str(seed), "CartPole-v1", 1000, 100, 10.0)
+    fake_run(runs / "atari/01-baseline/7", "Breakout-v5", 2048, 50, 2.0)
+    gpu_run = runs / "atari/03-compile/7"
+    fake_run(gpu_run, "Breakout-v5", 2048, 80, 2.0)
+    summary = json.loads((gpu_run / "summary.json").read_text())
+    summary.update(cpu="Other CPU (16 cores)", gpu="NVIDIA H100 80GB HBM3", torch="2.13.0+cu126")
+    (gpu_run / "summary.json").write_text(json.dumps(summary))
+    day = time.mktime((2026, 1, 2, 12, 0, 0, 0, 0, -1))
+    for path in runs.glob("*/*/*/summary.json"):
+        os.utime(path, (day, day))
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, check=True)
+    proc = report(runs, tmp_path / "doc")
+    assert proc.returncode == 0, proc.stderr
+    lines = (tmp_path / "doc/fps_table.md").read_text().splitlines()
+    tree = "with uncommitted changes" if status.stdout.strip() else "clean tree"
+    assert f"- commit: {head.stdout.strip()} ({tree}), the checkout that wrote this page" in lines
+    assert "- sweep finished: 2026-01-02, the day of the newest run" in lines
+    machines = "Other CPU (16 cores), GPU: NVIDIA H100 80GB HBM3, torch 2.13.0+cu126; "
+    machines += "Test CPU (2 cores), GPU: none, torch 2.13.0+cpu"
+    assert f"- machine: {machines}" in lines
+    assert "- seeds: 3, 7, 11" in lines
+    # the newest run decides the day
+    (runs / "classic/01-baseline/3/summary.json").touch()
+    assert report(runs, tmp_path / "doc2").returncode == 0
+    newest = f"- sweep finished: {time.strftime('%Y-%m-%d')}, the day of the newest run"
+    assert newest in (tmp_path / "doc2/fps_table.md").read_text().splitlines()
 
 
 def test_report_shows_the_teacher_family(tmp_path):

@@ -253,13 +253,37 @@ def finished(runs: Path) -> str:
     return datetime.date.fromtimestamp(newest).isoformat()
 
 
+def commit() -> str:
+    """The checkout's commit, and whether the tree differs from it (`git status --porcelain`: a changed, staged or
+    untracked file; the ignored runs/ folder does not count): "abc1234 (clean tree)" or "abc1234 (with uncommitted
+    changes)"."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, check=True)
+        changes = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    tree = "with uncommitted changes" if changes.stdout.strip() else "clean tree"
+    return f"{head.stdout.decode().strip()} ({tree})"
+
+
+def seeds(data: dict) -> list:
+    """The seeds of the finished runs, as their summaries say, in order."""
+    return sorted({s["seed"] for c in data.values() for cfg in c.values() for s, _ in cfg.runs})
+
+
 def fps_report(args: Args, data: dict):
     columns = sorted({name for configs in data.values() for name in configs})
     lines = [
         "# fps comparison",
         "",
-        f"Written by `python leanrl/tools/report.py {args.runs}` (the last step of `run.sh`); sweep finished "
-        f"{finished(args.runs)}. Hardware: {hardware(data)}.",
+        f"Written by `python leanrl/tools/report.py {args.runs}` (the last step of `run.sh`) on "
+        f"{datetime.date.today().isoformat()}.",
+        "",
+        f"- commit: {commit()}, the checkout that wrote this page",
+        f"- sweep finished: {finished(args.runs)}, the day of the newest run",
+        f"- machine: {hardware(data)}",
+        f"- seeds: {', '.join(str(seed) for seed in seeds(data))}",
         "",
         "fps: environment steps per second over whole iterations after burn-in (off-policy families: after "
         "learning_starts plus the burn-in), median over seeds. "
@@ -287,20 +311,6 @@ def verdict(values: list, baseline: list) -> str:
     if mean > max(baseline):
         return "outside: above"
     return "within the baseline's seed spread"
-
-
-def commit() -> str:
-    """The checkout's commit and whether its tracked files differ from it."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, check=True)
-        changes = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    tree = "with uncommitted changes" if changes.stdout.strip() else "clean tree"
-    return f"{head.stdout.decode().strip()} ({tree})"
 
 
 def seed_value(summary: dict) -> str:
@@ -378,7 +388,6 @@ def plot_learning(family: str, configs: dict, out: Path) -> str:
 def learning_report(args: Args, data: dict):
     ran = {f: c for f, c in data.items() if any(cfg.runs for cfg in c.values())}
     summaries = [s for c in ran.values() for cfg in c.values() for s, _ in cfg.runs]
-    seeds = sorted({s["seed"] for s in summaries})
     seconds = sum(s["wall_time"] for s in summaries)
     took = f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
     lines = [
@@ -389,7 +398,7 @@ def learning_report(args: Args, data: dict):
         "",
         f"- commit: {commit()}, the checkout that wrote this page",
         f"- machine: {hardware(ran)}",
-        f"- seeds: {', '.join(str(seed) for seed in seeds)}",
+        f"- seeds: {', '.join(str(seed) for seed in seeds(ran))}",
         "- steps per run: " + "; ".join(f"{family} {budget(configs)}" for family, configs in ran.items()),
         f"- time: {took}, the sum of the runs' wall times (run.sh runs them one after another)",
         "",
