@@ -19,7 +19,7 @@ The trick, `--compile-async`: training starts at once, eagerly, while the units 
 (`fill_compile_cache`: a subprocess fills Inductor's on-disk cache; `compile_in_background`: a thread then compiles
 from it and warms the units up; the policy holds no random op, so that draws nothing from the loop's stream); at an
 iteration boundary the training state is copied into the compiled units (`load_units`), which changes no result.
-It pays when a run is short against a cold-cache compile; README's measurements ("Compile time") show that a warm
+It pays when a run is short against a cold-cache compile; doc/compile.md shows that a warm
 Inductor cache is what makes the compile cost nearly nothing, and plain --compile the fastest run.
 
     python leanrl/ppo_atari_envpool_compile_async_torchcompile.py --compile --compile-async
