@@ -15,8 +15,8 @@ The algorithm, network and defaults of ppo.py (CleanRL's). Its tricks, each in t
 - `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs);
   lr is a tensor changed in place (no recompilation); once all has compiled the guards are skipped.
 
-The one trick of this script, `--compile-async` (it pays when a run is short against a cold-cache compile; doc/compile.md
-shows that a warm Inductor cache makes the compile cost nearly nothing, and plain --compile fastest):
+The one trick of this script, `--compile-async` (it pays when a run is short against a cold-cache compile;
+doc/compile.md shows that a warm Inductor cache makes the compile cost nearly nothing, and plain --compile fastest):
 
 - `fill_compile_cache`: a subprocess (this command with --compile-cache-only) fills Inductor's on-disk cache off the
   training loop's GIL and core.
