@@ -16,8 +16,9 @@
 # its own (ppo_quantized_torchcompile.py, int8 acting copy), CartPole-v1 at the classic budget: `bash run.sh teacher`.
 # LEARN=1: the learning budgets instead, which show every script learning on a 2-core machine: the baseline and
 # --compile of every family, and the variants where the family has them (quantized, pruned with its default schedule,
-# ddp2), seeds "1 2" (SEEDS="1 2 3" for three), into runs/learn; then doc/learning.md (final returns against the
-# baseline's seeds, the verdicts, the machine and commit) and doc/learning_<family>.png. Steps per run: classic and
+# ddp2; SAC's and TD3's --bf16 where bf16 is native), seeds "1 2" (SEEDS="1 2 3" for three), into runs/learn; then
+# doc/learning.md (final returns against the baseline's seeds, the verdicts, the machine and commit) and
+# doc/learning_<family>.png. Steps per run: classic and
 # dqn 500k, atari 400k, mujoco 200k, sac and td3 100k (their own learning_starts). dqn_atari needs CleanRL's 10M
 # steps (learning from step 80k), out of reach on 2 cores: skipped unless DQN_ATARI_STEPS=10000000 is given.
 # SEEDS (default "21 31 41"), OUT (default runs/bench, or runs/smoke), DOC (default doc, or $OUT/doc with SMOKE).
@@ -141,6 +142,9 @@ learn_family() {  # family baseline torchcompile [quantized pruned ddp]: LEARN=1
   for seed in $SEEDS; do
     run "$f" 01-baseline "$seed" python "$base"
     run "$f" 03-compile "$seed" python "$tc" --compile
+    # SAC's and TD3's opt-in bf16 updates, where the CPU (or a GPU) has native bf16: they learn as fp32 does, or not
+    case $f in sac|td3) if [ "$BF16" = 1 ] || [ "$CUDA" = 1 ]; then
+      run "$f" 05-bf16 "$seed" python "$tc" --compile --bf16; fi ;; esac
     if [ -n "$quant" ]; then run "$f" 06-quantized "$seed" python "$quant" --compile; fi
     if [ -n "$pruned" ]; then run "$f" 07-pruned "$seed" python "$pruned" --compile; fi
     if [ -n "$ddp" ] && [ "$CORES" -ge 2 ]; then

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import torch
+
 from conftest import ROOT, assert_user_error, run_command
 
 ROW = {"episodic_return": None, "time": 1.0}
@@ -223,8 +225,12 @@ def test_run_sh_learn_budgets(tmp_path):
     steps = {"classic": 500000, "atari": 400000, "mujoco": 200000, "sac": 100000, "td3": 100000, "dqn": 500000}
     ddp = ["08-ddp2"] if len(os.sched_getaffinity(0)) >= 2 else []
     variants = ["06-quantized", "07-pruned"] + ddp
+    bf16 = ["05-bf16"] if torch.ops.mkldnn._is_mkldnn_bf16_supported() or torch.cuda.is_available() else []
     expected = {
-        family: ["01-baseline", "03-compile"] + (variants if family in ("classic", "atari") else []) for family in steps
+        family: ["01-baseline", "03-compile"]
+        + (variants if family in ("classic", "atari") else [])
+        + (bf16 if family in ("sac", "td3") else [])
+        for family in steps
     }
     assert sorted(runs) == sorted(f"{family}/{config}" for family, configs in expected.items() for config in configs)
     for key, commands in runs.items():
@@ -238,6 +244,10 @@ def test_run_sh_learn_budgets(tmp_path):
             assert ("--compile" in command) == (not key.endswith("01-baseline")), command
     assert runs["classic/08-ddp2"][0].startswith("python -m torch.distributed.run --standalone --nproc-per-node 2 ")
     assert runs["atari/07-pruned"][0].startswith("python leanrl/ppo_atari_envpool_pruned_torchcompile.py --compile ")
+    for family in bf16 and ("sac", "td3"):
+        assert runs[f"{family}/05-bf16"][0].startswith(
+            f"python leanrl/{family}_continuous_action_torchcompile.py --compile --bf16 "
+        )
     skips = [line for line in other if line.startswith("skip dqn_atari/")]
     assert [line.split(":")[0] for line in skips] == ["skip dqn_atari/01-baseline", "skip dqn_atari/03-compile"]
     assert "needs a faster machine" in skips[0] and "10M steps (learning from step 80k)" in skips[0]
