@@ -316,6 +316,7 @@ class Run:
         self.consistent = True
         self.fps = None
         self.mark = None  # (time, step) where steady state began
+        self.untimed = 0.0  # seconds since the mark that were not training (`log(untimed=...)`)
         self.first_interval = None
         self.steady_intervals = []
         self.wandb = None
@@ -372,19 +373,22 @@ class Run:
             return True
         return False
 
-    def log(self, global_step: int, steady: bool, **row) -> dict:
+    def log(self, global_step: int, steady: bool, untimed: float = 0.0, **row) -> dict:
         """One metrics.jsonl row (and a wandb point), with the time so far and the steady-state fps: env steps per
-        second since the first log at which `steady` held (compiling and warming up come before)."""
+        second since the first log at which `steady` held (compiling and warming up come before). `untimed`: seconds
+        of this interval spent on something other than training (an evaluation), left out of the fps."""
         now = time.perf_counter()
+        interval = now - self.last - untimed
         if self.first_interval is None:
-            self.first_interval = now - self.last
+            self.first_interval = interval
         elif self.mark is not None:
-            self.steady_intervals.append(now - self.last)
+            self.steady_intervals.append(interval)
+            self.untimed += untimed
         self.last = now
         if steady and self.mark is None:
             self.mark = (now, global_step)
         if self.mark is not None and global_step > self.mark[1]:
-            self.fps = (global_step - self.mark[1]) / (now - self.mark[0])
+            self.fps = (global_step - self.mark[1]) / (now - self.mark[0] - self.untimed)
         row = dict(global_step=global_step, time=now - self.start, fps=self.fps, **row)
         if self.metrics:
             self.metrics.write(json.dumps(row) + "\n")

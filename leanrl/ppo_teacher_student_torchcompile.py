@@ -609,6 +609,7 @@ def main(args: Args):
             run.log(
                 global_step,
                 steady=iteration - start_iteration + 1 >= args.measure_burnin,
+                untimed=t_eval,  # the teacher's evaluation is measurement, not training: out of the fps
                 iteration=iteration,
                 episodic_return=episodes.mean(),
                 t_rollout=t_rollout,

@@ -255,6 +255,20 @@ def test_run_logs_rows_fps_and_summary(tmp_path, capsys):
     assert err.count("compiling the units on their first call") == 1 and "40 steps" in err
 
 
+def test_untimed_seconds_are_left_out_of_the_fps_and_the_compile_time(tmp_path, monkeypatch):
+    """A clock that moves 1 s per interval, a quarter of it an evaluation: 10 steps per interval count as 10 / 0.75."""
+    clock = iter(float(t) for t in range(100))
+    monkeypatch.setattr(plumbing.time, "perf_counter", lambda: next(clock))
+    run = plumbing.Run(Args(log_dir=str(tmp_path)), "some_script", torch.device("cpu"), total_steps=50)
+    with run:
+        for i in range(1, 6):
+            run.log(i * 10, steady=i >= 2, untimed=0.25)
+    assert run.fps == pytest.approx(30 / 2.25)  # steady from the 2nd log: 3 intervals of 0.75 s
+    assert run.compile_time() == pytest.approx(0.0)  # the first interval minus the steady median: 0.75 - 0.75
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["time"] == pytest.approx(5.0)  # the row's time is the wall clock's
+
+
 def test_a_run_that_never_reaches_steady_state_has_no_fps(tmp_path):
     args = Args(log_dir=str(tmp_path))
     run = plumbing.Run(args, "some_script", torch.device("cpu"), total_steps=20)
