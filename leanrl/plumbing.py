@@ -256,7 +256,9 @@ def machine_info(device: torch.device) -> dict:
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({cores()} cores)", gpu=gpu)
+    n = os.cpu_count() or 1
+    usable = "" if cores() == n else f", this process on {cores()}"  # pinned (taskset, a cpuset)
+    return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({n} cores{usable})", gpu=gpu)
 
 
 class StopFlag:

@@ -289,10 +289,17 @@ def test_pick_device_drops_cudagraphs_without_cuda(capsys):
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no affinity mask on this OS")
 def test_cores_counts_the_cores_the_process_may_use():
     """Under taskset-like pinning to one core, the thread default follows the mask, not the machine's core count."""
-    code = "import os, plumbing; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); print(plumbing.cores())"
+    code = (
+        "import os, torch, plumbing; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "print(plumbing.cores()); print(plumbing.machine_info(torch.device('cpu'))['cpu'])"
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT / "leanrl"))
     result = run_command([sys.executable, "-c", code], env=env, timeout=60, check=True)
-    assert result.stdout.strip() == "1"
+    pinned, cpu = result.stdout.splitlines()
+    assert pinned == "1"
+    # the machine's cores, and the one this process was held to when that is fewer
+    n = os.cpu_count()
+    assert cpu.endswith(f"({n} cores, this process on 1)" if n > 1 else f"({n} cores)"), cpu
     assert plumbing.cores() == len(os.sched_getaffinity(0))
 
 

@@ -194,6 +194,13 @@ def test_learning_report_on_synthetic_runs(tmp_path):
         assert (tmp_path / "doc" / png).stat().st_size > 0
     assert not (tmp_path / "doc/learning_dqn_atari.png").exists()
     assert not (tmp_path / "doc/fps_table.md").exists()
+    # the notes written by hand below the mark survive a new report; the tables are written anew
+    mark = "<!-- written by hand from here on: report.py keeps what follows when it writes this page again -->"
+    assert text.endswith(mark + "\n")
+    (tmp_path / "doc/learning.md").write_text(text.replace("1: 900.0", "1: 0.0") + "\n## Findings\n\nBy hand.\n")
+    assert report(runs, tmp_path / "doc", "--learning").returncode == 0
+    again = (tmp_path / "doc/learning.md").read_text()
+    assert again == text + "\n## Findings\n\nBy hand.\n"
 
 
 def dry_run(tmp_path, *families, **env):
