@@ -109,8 +109,8 @@ class Args:
     """path of an agent.pt written by --save-model: continue that run (the games restart: envpool cannot snapshot
     its emulators, so a resumed run plays fresh games, seeded anew, and loses the games that were in flight)"""
     num_threads: int = plumbing.cores()
-    """torch intra-op threads (default: every core: the update's convolutions dominate and use them all; on a 2-core
-    CPU, 2 measured fastest)"""
+    """torch intra-op threads (default: every core the process may use: the update's convolutions dominate and use
+    them all; on a 2-core CPU, 2 measured fastest)"""
     split_envs: bool = torch.cuda.is_available()
     """step the envs as two envpool pools, one half each: one half's emulators run while the policy acts for the
     other and its actions come back to the host, so the envs need not wait for the policy (the same transitions as one

@@ -100,8 +100,9 @@ class Args:
     bf16: bool = False
     """if toggled, the updates run the networks' matrix products in bf16 (autocast; the losses and Adam stay fp32)"""
     num_threads: int = plumbing.cores()
-    """torch intra-op threads (default: every core: the batch-256 updates are matrix products, which use them all; on
-    a 2-core EPYC, --compile stepped at 208 (SAC) and 366 (TD3) steps/s on two threads, 126 and 180 on one)"""
+    """torch intra-op threads (default: every core the process may use: the batch-256 updates are matrix products,
+    which use them all; on a 2-core EPYC, --compile stepped at 208 (SAC) and 366 (TD3) steps/s on two threads, 126 and
+    180 on one)"""
 
 
 def check_args(args: Args) -> Optional[dict]:
