@@ -74,8 +74,8 @@ else
       case $1 in sac|td3) echo --learning-starts 5000;; esac;; esac; }
 fi
 OUT=${OUT:-runs/bench}; DOC=${DOC:-doc}; SEEDS=${SEEDS:-21 31 41}; COMPILE=${COMPILE---compile}
-read -r CUDA BF16 CORES < <(python -c "import os, torch
-print(int(torch.cuda.is_available()), int(torch.ops.mkldnn._is_mkldnn_bf16_supported()), len(os.sched_getaffinity(0)))")
+read -r CUDA BF16 CORES < <(python -c "import sys, torch; sys.path.insert(0, 'leanrl'); import plumbing
+print(int(torch.cuda.is_available()), int(torch.ops.mkldnn._is_mkldnn_bf16_supported()), plumbing.cores())")
 
 skip() {  # skip family config reason: the report shows the configuration as skipped, with the reason
   if [ "$DRY" = 1 ]; then
