@@ -11,6 +11,7 @@ student's advantages and returns: acting costs what the small network costs whil
   the part the update moves, pi_teacher / pi_teacher_old, is PPO's clipped ratio, so the clip bounds each step around
   the teacher's own policy. Clipped against the student's log-probabilities instead, the teacher could never put more
   than 1 + clip_coef times the student's probability on a good action: it could not get better than the student.
+  The advantages are normalized over the batch before the weighting, so a step the teacher would not take carries none.
 - `update` (the base's unit, with the teacher's own Adam state): the teacher's step, compiled and graphed as the
   student's is; its values are clipped around its own, fitted to the student's returns.
 - `play`: the teacher's quality measured, not assumed: every `--eval-every` iterations it acts alone for
@@ -35,6 +36,7 @@ The base's tricks, each in the function that holds it (doc/classic_control.md me
 """
 
 import copy
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass
@@ -398,11 +400,17 @@ def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, retur
     return torch.cat([stats, grad_norm.unsqueeze(0)])
 
 
-def off_policy_advantages(teacher_logprobs, student_logprobs, advantages):
+def off_policy_advantages(teacher_logprobs, student_logprobs, advantages, norm_adv: bool):
     """The teacher's off-policy correction (see the module's notes): the advantages weighted by the truncated
     importance ratio min(1, pi_teacher / pi_student) of the teacher before its update. With the teacher's own
     log-probabilities as the update's old ones, PPO's clip bounds the teacher's step around its own policy.
-    Returns the weighted advantages and the mean weight (how far from the teacher's the student's steps are)."""
+    With `norm_adv` the advantages are normalized over the batch here, before the weighting (the teacher's update
+    then leaves them as they are): normalized after it, a step of weight ~0 would take minus the batch's mean as its
+    advantage, and early in training, where the mean is positive, that pushes down every action the teacher finds
+    unlikely until its policy collapses. Returns the weighted advantages and the mean weight (how far from the
+    teacher's the student's steps are)."""
+    if norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     weight = (teacher_logprobs - student_logprobs).exp().clamp(max=1.0)
     return advantages * weight, weight.mean()
 
@@ -468,6 +476,7 @@ def main(args: Args):
     args.teacher_learning_rate = args.teacher_learning_rate or args.learning_rate
     teacher_lr = torch.tensor(args.teacher_learning_rate, device=device)
     teacher_optimizer = make_optimizer(teacher, teacher_lr, capturable=args.cudagraphs)
+    teacher_args = dataclasses.replace(args, norm_adv=False)
     eval_envs = gym.vector.SyncVectorEnv(
         [functools.partial(gym.make, args.env_id)] * args.eval_episodes,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
@@ -480,7 +489,8 @@ def main(args: Args):
     update_minibatch = functools.partial(update, agent, optimizer, lr, args)
     teacher_policy = functools.partial(act, teacher_inference.actor)
     evaluate_teacher = teacher_inference.forward
-    update_teacher = functools.partial(update, teacher, teacher_optimizer, teacher_lr, args)
+    # the teacher's advantages come normalized and weighted from `off_policy_advantages`
+    update_teacher = functools.partial(update, teacher, teacher_optimizer, teacher_lr, teacher_args)
     if args.compile:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
@@ -586,7 +596,9 @@ def main(args: Args):
             # and values (before its update), the advantages weighted by the off-policy correction
             t0 = time.perf_counter()
             teacher_logprobs, _, teacher_values = evaluate_teacher(buf["obs"], buf["actions"])
-            teacher_advantages, is_weight = off_policy_advantages(teacher_logprobs, buf["logprobs"], advantages)
+            teacher_advantages, is_weight = off_policy_advantages(
+                teacher_logprobs, buf["logprobs"], advantages, args.norm_adv
+            )
             teacher_data = [
                 x.flatten(0, 1)
                 for x in (buf["obs"], buf["actions"], teacher_logprobs, teacher_advantages, returns, teacher_values)
