@@ -5,15 +5,13 @@ ppo_torchcompile.py plus one trick: a small *student* (the base's agent, `--stud
 (`--teacher-hidden-dim` x `--teacher-hidden-depth`, 1024 x 6) takes a PPO update on the very same batch, with the
 student's advantages and returns: acting costs what the small network costs while the large one learns.
 
-- `off_policy_advantages`: the student acted, so the teacher's surrogate needs the importance ratio pi_teacher /
-  pi_student. It is split in two: the part fixed at the start of the iteration, min(1, pi_teacher_old / pi_student),
-  weights the advantages (truncated at 1 as in V-trace: a step the student rarely takes cannot blow up the variance);
-  the part the update moves, pi_teacher / pi_teacher_old, is PPO's clipped ratio, so the clip bounds each step around
-  the teacher's own policy. Clipped against the student's log-probabilities instead, the teacher could never put more
-  than 1 + clip_coef times the student's probability on a good action: it could not get better than the student.
-  The advantages are normalized over the batch before the weighting, so a step the teacher would not take carries none.
-- `update` (the base's unit, with the teacher's own Adam state): the teacher's step, compiled and graphed as the
-  student's is; its values are clipped around its own, fitted to the student's returns.
+- `update` (the base's unit, with the teacher's own Adam state): the teacher's step on the student's batch, compiled
+  and graphed as the student's is. The off-policy correction is PPO's own, with the student as the behaviour policy:
+  the old log-probabilities are the student's, so the ratio is pi_teacher / pi_student, clipped. The student's
+  advantages estimate the teacher's return only near the student's policy (the bound behind TRPO and PPO), and the
+  clip keeps the teacher there; as the student improves, the teacher follows. Its values are clipped around its own,
+  fitted to the student's returns. (The teacher's own log-probabilities as the old ones, with truncated importance
+  weights, let it drift from the student: its return fell while the student's rose, doc/teacher_student.md.)
 - `play`: the teacher's quality measured, not assumed: every `--eval-every` iterations it acts alone for
   `--eval-episodes` episodes in envs of its own (their steps are not training steps), logged as `teacher_return`.
 
@@ -36,7 +34,6 @@ The base's tricks, each in the function that holds it (doc/classic_control.md me
 """
 
 import copy
-import dataclasses
 import functools
 import time
 from dataclasses import dataclass
@@ -400,21 +397,6 @@ def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, retur
     return torch.cat([stats, grad_norm.unsqueeze(0)])
 
 
-def off_policy_advantages(teacher_logprobs, student_logprobs, advantages, norm_adv: bool):
-    """The teacher's off-policy correction (see the module's notes): the advantages weighted by the truncated
-    importance ratio min(1, pi_teacher / pi_student) of the teacher before its update. With the teacher's own
-    log-probabilities as the update's old ones, PPO's clip bounds the teacher's step around its own policy.
-    With `norm_adv` the advantages are normalized over the batch here, before the weighting (the teacher's update
-    then leaves them as they are): normalized after it, a step of weight ~0 would take minus the batch's mean as its
-    advantage, and early in training, where the mean is positive, that pushes down every action the teacher finds
-    unlikely until its policy collapses. Returns the weighted advantages and the mean weight (how far from the
-    teacher's the student's steps are)."""
-    if norm_adv:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    weight = (teacher_logprobs - student_logprobs).exp().clamp(max=1.0)
-    return advantages * weight, weight.mean()
-
-
 def play(envs, policy, device, n_actions: int, seed: int) -> float:
     """The policy acting alone (sampling, as in the rollout) until each of `envs` has finished one episode: the mean
     return. The envs and the noise are seeded from `seed` alone, so the loop's generator and envs are not touched."""
@@ -476,7 +458,6 @@ def main(args: Args):
     args.teacher_learning_rate = args.teacher_learning_rate or args.learning_rate
     teacher_lr = torch.tensor(args.teacher_learning_rate, device=device)
     teacher_optimizer = make_optimizer(teacher, teacher_lr, capturable=args.cudagraphs)
-    teacher_args = dataclasses.replace(args, norm_adv=False)
     eval_envs = gym.vector.SyncVectorEnv(
         [functools.partial(gym.make, args.env_id)] * args.eval_episodes,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
@@ -489,8 +470,7 @@ def main(args: Args):
     update_minibatch = functools.partial(update, agent, optimizer, lr, args)
     teacher_policy = functools.partial(act, teacher_inference.actor)
     evaluate_teacher = teacher_inference.forward
-    # the teacher's advantages come normalized and weighted from `off_policy_advantages`
-    update_teacher = functools.partial(update, teacher, teacher_optimizer, teacher_lr, teacher_args)
+    update_teacher = functools.partial(update, teacher, teacher_optimizer, teacher_lr, args)
     if args.compile:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
@@ -592,16 +572,13 @@ def main(args: Args):
                     break
             t_update = time.perf_counter() - t0
 
-            # the teacher: the student's batch, advantages and returns, the same minibatches, its own old log-probs
-            # and values (before its update), the advantages weighted by the off-policy correction
+            # the teacher: the student's batch, log-probs (the ratio's old ones), advantages and returns, the same
+            # minibatches, and its own values before its update (the value clip's old ones)
             t0 = time.perf_counter()
-            teacher_logprobs, _, teacher_values = evaluate_teacher(buf["obs"], buf["actions"])
-            teacher_advantages, is_weight = off_policy_advantages(
-                teacher_logprobs, buf["logprobs"], advantages, args.norm_adv
-            )
+            _, _, teacher_values = evaluate_teacher(buf["obs"], buf["actions"])
             teacher_data = [
                 x.flatten(0, 1)
-                for x in (buf["obs"], buf["actions"], teacher_logprobs, teacher_advantages, returns, teacher_values)
+                for x in (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, teacher_values)
             ]
             for m, inds in enumerate(minibatches):
                 teacher_stats[m] = update_teacher(*teacher_data, inds)
@@ -634,7 +611,6 @@ def main(args: Args):
                 teacher_return=teacher_return,
                 t_teacher=t_teacher,
                 t_eval=t_eval,
-                teacher_is_weight=is_weight.item(),
                 **dict(zip(TEACHER_STATS, teacher_losses)),
             )
             if args.compile and iteration == start_iteration:
