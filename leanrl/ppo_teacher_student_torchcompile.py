@@ -469,7 +469,7 @@ def main(args: Args):
     get_value = agent_inference.get_value
     update_minibatch = functools.partial(update, agent, optimizer, lr, args)
     teacher_policy = functools.partial(act, teacher_inference.actor)
-    evaluate_teacher = teacher_inference.forward
+    teacher_value = teacher_inference.get_value
     update_teacher = functools.partial(update, teacher, teacher_optimizer, teacher_lr, args)
     if args.compile:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
@@ -489,7 +489,7 @@ def main(args: Args):
         # each network (a second network's shapes would otherwise make the recompiled graph dynamic)
         if device.type == "cuda":  # the teacher plays on the learner's device: eager on a CPU, as the student acts
             teacher_policy = torch.compile(teacher_policy, options=options, dynamic=False)
-        evaluate_teacher = torch.compile(evaluate_teacher, options=options, dynamic=False)
+        teacher_value = torch.compile(teacher_value, options=options, dynamic=False)
         update_teacher = torch.compile(update_teacher, options=options, dynamic=False)
     if args.cudagraphs:
         if act_device.type == "cuda":  # CUDA graphs capture CUDA work only: a policy acting on the host stays out
@@ -498,7 +498,7 @@ def main(args: Args):
         get_value = CudaGraphModule(get_value)
         update_minibatch = CudaGraphModule(update_minibatch)
         teacher_policy = CudaGraphModule(teacher_policy)
-        evaluate_teacher = CudaGraphModule(evaluate_teacher)
+        teacher_value = CudaGraphModule(teacher_value)
         update_teacher = CudaGraphModule(update_teacher)
 
     shape = (args.num_steps, args.num_envs)
@@ -575,7 +575,7 @@ def main(args: Args):
             # the teacher: the student's batch, log-probs (the ratio's old ones), advantages and returns, the same
             # minibatches, and its own values before its update (the value clip's old ones)
             t0 = time.perf_counter()
-            _, _, teacher_values = evaluate_teacher(buf["obs"], buf["actions"])
+            teacher_values = teacher_value(buf["obs"])
             teacher_data = [
                 x.flatten(0, 1)
                 for x in (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, teacher_values)

@@ -146,10 +146,10 @@ def reference_teacher_steps(teacher, args, obs, actions, student_logprobs, advan
 
 
 def script_teacher_steps(ts, teacher, args, obs, actions, student_logprobs, advantages, returns, minibatches, unit):
-    """The script's path for the same steps: the teacher's forward for its old values, then `unit` (the update, eager
+    """The script's path for the same steps: the teacher's values before its update, then `unit` (the update, eager
     or compiled) per minibatch on the student's log-probabilities and advantages. Returns each step's statistics."""
     with torch.no_grad():
-        _, _, old_values = teacher(obs, actions)
+        old_values = teacher.get_value(obs)
     data = (obs, actions, student_logprobs, advantages, returns, old_values)
     return [unit(*data, inds) for inds in minibatches]
 
