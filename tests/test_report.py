@@ -202,6 +202,20 @@ def test_learning_report_on_synthetic_runs(tmp_path):
     assert report(runs, tmp_path / "doc", "--learning").returncode == 0
     again = (tmp_path / "doc/learning.md").read_text()
     assert again == text + "\n## Findings\n\nBy hand.\n"
+    assert "Runs: Test CPU (2 cores), GPU: none, torch 2.13.0+cpu; 2.0 h of run time; written on " in text  # classic
+    # a later LEARN=1 run of one family rewrites its section and keeps the others' (with where their runs ran)
+    fake_run(tmp_path / "more/atari/01-baseline/1", "Breakout-v5", 400000, 300, 12.0, script="ppo_atari_envpool")
+    assert report(tmp_path / "more", tmp_path / "doc", "--learning").returncode == 0
+    third = (tmp_path / "doc/learning.md").read_text()
+    for family in ("classic", "dqn_atari", "sac"):
+        section = next(b for b in text.split("\n## ") if b.startswith(family))
+        assert "\n## " + section in third, family
+    assert third.index("## atari: Breakout-v5, 400,000 steps per run") < third.index("## classic: ")
+    assert "| `baseline` | `ppo_atari_envpool` | 6.0 | 12.0 ± 0.0 (n=1) | 1: 12.0 |" in third
+    assert "- kept from the page before, with no runs under " in third
+    assert ": classic, dqn_atari, sac (each section says where and when its runs ran)" in third
+    assert "- steps per run: atari 400,000" in third.splitlines()
+    assert third.endswith(mark + "\n\n## Findings\n\nBy hand.\n")
 
 
 def dry_run(tmp_path, *families, **env):

@@ -388,22 +388,46 @@ def plot_learning(family: str, configs: dict, out: Path) -> str:
 NOTES_MARK = "<!-- written by hand from here on: report.py keeps what follows when it writes this page again -->"
 
 
+def page_sections(text: str) -> dict:
+    """{family: its section}, as an earlier learning.md has them above the hand-written notes."""
+    sections = {}
+    for block in ("\n" + text.partition(NOTES_MARK)[0]).split("\n## ")[1:]:
+        heading = block.partition("\n")[0]
+        sections[heading.partition(":")[0]] = "## " + block.rstrip("\n") + "\n"
+    return sections
+
+
+def run_time(summaries: list) -> str:
+    seconds = sum(s["wall_time"] for s in summaries)
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
 def learning_report(args: Args, data: dict):
     ran = {f: c for f, c in data.items() if any(cfg.runs for cfg in c.values())}
     summaries = [s for c in ran.values() for cfg in c.values() for s, _ in cfg.runs]
-    seconds = sum(s["wall_time"] for s in summaries)
-    took = f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+    today = datetime.date.today().isoformat()
+    page = args.out / "learning.md"
+    before = page.read_text() if page.exists() else ""
+    # a family with no runs under RUNS keeps its section from the page before (a LEARN=1 run of some families)
+    kept = {f: text for f, text in page_sections(before).items() if f not in data}
     lines = [
         "# Learning at each family's budget",
         "",
         f"Written by `python leanrl/tools/report.py {args.runs} --learning` (the last step of `LEARN=1 bash run.sh`) "
-        f"on {datetime.date.today().isoformat()}; the newest run finished {finished(args.runs)}.",
+        f"on {today}, from the runs under {args.runs}:",
         "",
         f"- commit: {commit()}, the checkout that wrote this page",
         f"- machine: {hardware(ran)}",
         f"- seeds: {', '.join(str(seed) for seed in seeds(ran))}",
         "- steps per run: " + "; ".join(f"{family} {budget(configs)}" for family, configs in ran.items()),
-        f"- time: {took}, the sum of the runs' wall times (run.sh runs them one after another)",
+        f"- time: {run_time(summaries)}, the sum of the runs' wall times (run.sh runs them one after another)",
+    ]
+    if kept:
+        lines.append(
+            f"- kept from the page before, with no runs under {args.runs}: {', '.join(sorted(kept))} (each section "
+            "says where and when its runs ran)"
+        )
+    lines += [
         "",
         "Final return: the mean episodic return of the last 20 episodes when the run ended (summary.json's "
         "`final_return`); first logged return: the first such mean the run logged, where it started from. "
@@ -413,17 +437,25 @@ def learning_report(args: Args, data: dict):
         "`outside` asks for a look at the plot and more seeds, it does not prove a difference.",
         "",
     ]
-    for family, configs in data.items():
+    for family in sorted(data.keys() | kept.keys()):
+        if family in kept:
+            lines += [kept[family]]
+            continue
+        configs = data[family]
         if family not in ran:
             reasons = sorted({c.skipped for c in configs.values()})
             lines += [f"## {family}", ""] + [f"Not run: {reason.rstrip('.')}." for reason in reasons] + [""]
             continue
+        runs = [s for cfg in configs.values() for s, _ in cfg.runs]
         lines += [f"## {family}: {first_summary(configs)['env_id']}, {budget(configs)} steps per run", ""]
+        lines += [
+            f"Runs: {hardware({family: configs})}; {run_time(runs)} of run time; written on {today} at {commit()}.",
+            "",
+        ]
         lines += learning_table(configs)
         lines += ["", f"![{family} returns]({plot_learning(family, configs, args.out)})", ""]
     # what the numbers mean (a variant outside its base's spread, a fix) is written by hand below the mark, and kept
-    page = args.out / "learning.md"
-    notes = page.read_text().partition(NOTES_MARK)[2] if page.exists() else ""
+    notes = before.partition(NOTES_MARK)[2]
     lines += [NOTES_MARK]
     page.write_text("\n".join(lines) + (notes or "\n"))
     print(f"wrote {page} and the learning plots")
