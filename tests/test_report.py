@@ -1,5 +1,6 @@
 """run.sh and leanrl/tools/report.py: the table from synthetic runs, and the whole sweep in its smoke mode."""
 
+import datetime
 import json
 import os
 import re
@@ -202,7 +203,11 @@ def test_learning_report_on_synthetic_runs(tmp_path):
     assert report(runs, tmp_path / "doc", "--learning").returncode == 0
     again = (tmp_path / "doc/learning.md").read_text()
     assert again == text + "\n## Findings\n\nBy hand.\n"
-    assert "Runs: Test CPU (2 cores), GPU: none, torch 2.13.0+cpu; 2.0 h of run time; written on " in text  # classic
+    newest = datetime.date.today().isoformat()
+    assert (
+        f"Runs: Test CPU (2 cores), GPU: none, torch 2.13.0+cpu; 2.0 h of run time, the newest finished on {newest}; "
+        "written on "
+    ) in text  # classic
     # a later LEARN=1 run of one family rewrites its section and keeps the others' (with where their runs ran)
     fake_run(tmp_path / "more/atari/01-baseline/1", "Breakout-v5", 400000, 300, 12.0, script="ppo_atari_envpool")
     assert report(tmp_path / "more", tmp_path / "doc", "--learning").returncode == 0
@@ -216,6 +221,34 @@ def test_learning_report_on_synthetic_runs(tmp_path):
     assert ": classic, dqn_atari, sac (each section says where and when its runs ran)" in third
     assert "- steps per run: atari 400,000" in third.splitlines()
     assert third.endswith(mark + "\n\n## Findings\n\nBy hand.\n")
+
+
+def test_learning_report_dates_and_commit(tmp_path, monkeypatch):
+    """Each section says the day its family's newest run finished, and every section names the commit the header
+    names, asked before the plots are written (into the checkout's doc/, they would make the tree look changed)."""
+    monkeypatch.syspath_prepend(ROOT / "leanrl" / "tools")
+    import report as report_module
+
+    runs = tmp_path / "runs"
+    out = tmp_path / "doc"
+    for family, day in (("classic", datetime.date(2026, 1, 2)), ("sac", datetime.date(2026, 3, 4))):
+        for seed in (1, 2):
+            fake_run(runs / family / "01-baseline" / str(seed), "CartPole-v1", 1000, 100, 10.0 * seed)
+            moment = time.mktime((day - datetime.timedelta(days=2 - seed)).timetuple()) + 3600
+            os.utime(runs / family / "01-baseline" / str(seed) / "summary.json", (moment, moment))
+
+    def git_status():
+        # what `git status` would say of a checkout whose doc/ the report writes into
+        return "abc1234 (with uncommitted changes)" if any(out.glob("*.png")) else "abc1234 (clean tree)"
+
+    monkeypatch.setattr(report_module, "commit", git_status)
+    out.mkdir()
+    report_module.learning_report(report_module.Args(runs=runs, out=out, learning=True), report_module.load(runs))
+    text = (out / "learning.md").read_text()
+    assert "- commit: abc1234 (clean tree), the checkout that wrote this page" in text.splitlines()
+    assert "with uncommitted changes" not in text
+    assert "of run time, the newest finished on 2026-01-02; written on " in text.split("## sac")[0]
+    assert "of run time, the newest finished on 2026-03-04; written on " in text.split("## sac")[1]
 
 
 def dry_run(tmp_path, *families, **env):

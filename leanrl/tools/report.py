@@ -247,9 +247,9 @@ def hardware(data: dict) -> str:
     return "; ".join(f"{cpu}, GPU: {gpu}, torch {torch}" for cpu, gpu, torch in found)
 
 
-def finished(runs: Path) -> str:
-    """The day the newest run finished."""
-    newest = max(p.stat().st_mtime for p in runs.glob("*/*/*/summary.json"))
+def finished(summaries) -> str:
+    """The day the newest run finished: the newest of these summary.json files."""
+    newest = max(p.stat().st_mtime for p in summaries)
     return datetime.date.fromtimestamp(newest).isoformat()
 
 
@@ -281,7 +281,7 @@ def fps_report(args: Args, data: dict):
         f"{datetime.date.today().isoformat()}.",
         "",
         f"- commit: {commit()}, the checkout that wrote this page",
-        f"- sweep finished: {finished(args.runs)}, the day of the newest run",
+        f"- sweep finished: {finished(args.runs.glob('*/*/*/summary.json'))}, the day of the newest run",
         f"- machine: {hardware(data)}",
         f"- seeds: {', '.join(str(seed) for seed in seeds(data))}",
         "",
@@ -406,6 +406,9 @@ def learning_report(args: Args, data: dict):
     ran = {f: c for f, c in data.items() if any(cfg.runs for cfg in c.values())}
     summaries = [s for c in ran.values() for cfg in c.values() for s, _ in cfg.runs]
     today = datetime.date.today().isoformat()
+    # asked once, before the plots are written: a page written into the checkout's doc/ would otherwise make the
+    # later sections say "with uncommitted changes" of a clean tree
+    wrote = commit()
     page = args.out / "learning.md"
     before = page.read_text() if page.exists() else ""
     # a family with no runs under RUNS keeps its section from the page before (a LEARN=1 run of some families)
@@ -416,7 +419,7 @@ def learning_report(args: Args, data: dict):
         f"Written by `python leanrl/tools/report.py {args.runs} --learning` (the last step of `LEARN=1 bash run.sh`) "
         f"on {today}, from the runs under {args.runs}:",
         "",
-        f"- commit: {commit()}, the checkout that wrote this page",
+        f"- commit: {wrote}, the checkout that wrote this page",
         f"- machine: {hardware(ran)}",
         f"- seeds: {', '.join(str(seed) for seed in seeds(ran))}",
         "- steps per run: " + "; ".join(f"{family} {budget(configs)}" for family, configs in ran.items()),
@@ -449,7 +452,8 @@ def learning_report(args: Args, data: dict):
         runs = [s for cfg in configs.values() for s, _ in cfg.runs]
         lines += [f"## {family}: {first_summary(configs)['env_id']}, {budget(configs)} steps per run", ""]
         lines += [
-            f"Runs: {hardware({family: configs})}; {run_time(runs)} of run time; written on {today} at {commit()}.",
+            f"Runs: {hardware({family: configs})}; {run_time(runs)} of run time, the newest finished on "
+            f"{finished((args.runs / family).glob('*/*/summary.json'))}; written on {today} at {wrote}.",
             "",
         ]
         lines += learning_table(configs)
