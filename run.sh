@@ -16,9 +16,9 @@
 # its own (ppo_quantized_torchcompile.py, int8 acting copy), CartPole-v1 at the classic budget: `bash run.sh teacher`.
 # LEARN=1: the learning budgets instead, which show every script learning on a 2-core machine: the baseline and
 # --compile of every family, and the variants where the family has them (quantized, pruned with its default schedule,
-# ddp2; SAC's and TD3's --bf16 where bf16 is native), seeds "1 2" (SEEDS="1 2 3" for three), into runs/learn; then
-# doc/learning.md (final returns against the baseline's seeds, the verdicts, the machine and commit) and
-# doc/learning_<family>.png. Steps per run: classic and
+# ddp2, --compile-async; SAC's and TD3's --bf16 where bf16 is native), seeds "1 2" (SEEDS="1 2 3" for three), into
+# runs/learn; then doc/learning.md (final returns against the baseline's seeds, the verdicts, the machine and commit)
+# and doc/learning_<family>.png. Steps per run: classic and
 # dqn 500k, atari 400k, mujoco 200k, sac and td3 100k (their own learning_starts). dqn_atari needs CleanRL's 10M
 # steps (learning from step 80k), out of reach on 2 cores: skipped unless DQN_ATARI_STEPS=10000000 is given.
 # SEEDS (default "21 31 41"), OUT (default runs/bench, or runs/smoke), DOC (default doc, or $OUT/doc with SMOKE).
@@ -99,7 +99,7 @@ run() {  # run family config seed command...: one run, unless it finished before
   "$@" --seed "$seed" --log-dir "$dir" $(budget "$family")
 }
 
-family() {  # family baseline torchcompile [quantized pruned ddp]: the configurations of one family, per seed
+family() {  # family baseline torchcompile [quantized pruned ddp compile_async]: the configurations of one family, per seed
   local f=$1 base=leanrl/$2 tc=leanrl/$3 quant=${4:+leanrl/$4} pruned=${5:+leanrl/$5} ddp=${6:+leanrl/$6} seed
   if [ "$LEARN" = 1 ]; then
     learn_family "$@"
@@ -129,8 +129,9 @@ family() {  # family baseline torchcompile [quantized pruned ddp]: the configura
   done
 }
 
-learn_family() {  # family baseline torchcompile [quantized pruned ddp]: LEARN=1's configurations, per seed
+learn_family() {  # family baseline torchcompile [quantized pruned ddp compile_async]: LEARN=1's configurations
   local f=$1 base=leanrl/$2 tc=leanrl/$3 quant=${4:+leanrl/$4} pruned=${5:+leanrl/$5} ddp=${6:+leanrl/$6} seed
+  local async=${7:+leanrl/$7}
   if [ "$f" = dqn_atari ] && [ -z "${DQN_ATARI_STEPS:-}" ]; then
     local why="needs a faster machine: DQN learns Breakout over CleanRL's 10M steps (learning from step 80k), about"
     why+=" 40 hours a run at the ~70 fps of 2 CPU cores; DQN_ATARI_STEPS=10000000 LEARN=1 bash run.sh dqn_atari runs it"
@@ -150,6 +151,8 @@ learn_family() {  # family baseline torchcompile [quantized pruned ddp]: LEARN=1
     if [ -n "$ddp" ] && [ "$CORES" -ge 2 ]; then
       run "$f" 08-ddp2 "$seed" python -m torch.distributed.run --standalone --nproc-per-node 2 "$ddp" --compile
     fi
+    # eager units until the background compile is done, then the compiled ones: it learns as --compile does, or not
+    if [ -n "$async" ]; then run "$f" 10-compile-async "$seed" python "$async" --compile --compile-async; fi
   done
 }
 
@@ -168,10 +171,10 @@ start=$SECONDS
 for f in $FAMILIES; do
   case $f in
     classic) family classic ppo.py ppo_torchcompile.py ppo_quantized_torchcompile.py ppo_pruned_torchcompile.py \
-               ppo_ddp_torchcompile.py ;;
+               ppo_ddp_torchcompile.py ppo_compile_async_torchcompile.py ;;
     atari) family atari ppo_atari_envpool.py ppo_atari_envpool_torchcompile.py \
              ppo_atari_envpool_quantized_torchcompile.py ppo_atari_envpool_pruned_torchcompile.py \
-             ppo_atari_envpool_ddp_torchcompile.py ;;
+             ppo_atari_envpool_ddp_torchcompile.py ppo_atari_envpool_compile_async_torchcompile.py ;;
     mujoco) family mujoco ppo_continuous_action.py ppo_continuous_action_torchcompile.py ;;
     sac) family sac sac_continuous_action.py sac_continuous_action_torchcompile.py ;;
     td3) family td3 td3_continuous_action.py td3_continuous_action_torchcompile.py ;;

@@ -279,7 +279,7 @@ def test_run_sh_learn_budgets(tmp_path):
     runs, other = dry_run(tmp_path, LEARN="1")
     steps = {"classic": 500000, "atari": 400000, "mujoco": 200000, "sac": 100000, "td3": 100000, "dqn": 500000}
     ddp = ["08-ddp2"] if plumbing.cores() >= 2 else []
-    variants = ["06-quantized", "07-pruned"] + ddp
+    variants = ["06-quantized", "07-pruned"] + ddp + ["10-compile-async"]
     bf16 = ["05-bf16"] if torch.ops.mkldnn._is_mkldnn_bf16_supported() or torch.cuda.is_available() else []
     expected = {
         family: ["01-baseline", "03-compile"]
@@ -299,6 +299,9 @@ def test_run_sh_learn_budgets(tmp_path):
             assert ("--compile" in command) == (not key.endswith("01-baseline")), command
     assert runs["classic/08-ddp2"][0].startswith("python -m torch.distributed.run --standalone --nproc-per-node 2 ")
     assert runs["atari/07-pruned"][0].startswith("python leanrl/ppo_atari_envpool_pruned_torchcompile.py --compile ")
+    assert runs["classic/10-compile-async"][0].startswith(
+        "python leanrl/ppo_compile_async_torchcompile.py --compile --compile-async "
+    )
     if bf16:
         for family in ("sac", "td3"):
             script = f"{family}_continuous_action_torchcompile.py"
@@ -325,6 +328,7 @@ def test_run_sh_default_sweep_unchanged(tmp_path):
     """DRY=1 without LEARN: the fps sweep's configurations and short budgets, as before."""
     runs, _ = dry_run(tmp_path, "classic", "sac", SEEDS="21")
     assert "classic/02-eager" in runs and "classic/09-env-alone" in runs
+    assert "classic/10-compile-async" not in runs
     assert "--prune-start 1" in runs["classic/07-pruned"][0]
     assert flag(runs["classic/01-baseline"][0], "--total-timesteps") == "200000"
     assert flag(runs["sac/03-compile"][0], "--learning-starts") == "5000"
