@@ -99,7 +99,7 @@ run() {  # run family config seed command...: one run, unless it finished before
   "$@" --seed "$seed" --log-dir "$dir" $(budget "$family")
 }
 
-family() {  # family baseline torchcompile [quantized pruned ddp compile_async]: the configurations of one family, per seed
+family() {  # family baseline torchcompile [quantized pruned ddp compile_async]: one family per seed (compile_async: LEARN=1)
   local f=$1 base=leanrl/$2 tc=leanrl/$3 quant=${4:+leanrl/$4} pruned=${5:+leanrl/$5} ddp=${6:+leanrl/$6} seed
   if [ "$LEARN" = 1 ]; then
     learn_family "$@"
