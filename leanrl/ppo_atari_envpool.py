@@ -344,9 +344,8 @@ def main(args: Args):
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     optimizer.step()
-                    losses.append(
-                        [approx_kl.item(), clipfrac.item(), pg_loss.item(), v_loss.item(), entropy_loss.item()]
-                    )
+                    # one host read a minibatch, as in CleanRL (its clipfrac .item()): each read waits for a GPU
+                    losses.append(torch.stack([approx_kl, clipfrac, pg_loss, v_loss, entropy_loss]).tolist())
 
                 if args.target_kl is not None and approx_kl > args.target_kl:
                     break
