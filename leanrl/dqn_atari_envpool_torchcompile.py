@@ -211,7 +211,9 @@ def update_target(q_params: list, target_params: list, tau: float):
 
 
 def make_optimizer(q_network, lr, capturable: bool):
-    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `update` never calls step()."""
+    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `update` never calls step().
+    `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
+    host and CUDA graphs can replay it."""
     optimizer = torch.optim.Adam(q_network.parameters(), lr=lr, capturable=capturable)
     for p in q_network.parameters():
         step = torch.zeros((), device=p.device if capturable else "cpu")
@@ -300,7 +302,7 @@ def main(args: Args):
     target_network.load_state_dict(q_network.state_dict())
     rb = ReplayBuffer(args.buffer_size, device, stage=args.train_frequency)
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: CUDA graphs capture it, changes need no re-trace
-    optimizer = make_optimizer(q_network, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
+    optimizer = make_optimizer(q_network, lr, capturable=device.type == "cuda")
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
     policy = functools.partial(act, q_network)
@@ -325,7 +327,7 @@ def main(args: Args):
     if ckpt:
         q_network.load_state_dict(ckpt["q_network"])
         target_network.load_state_dict(ckpt["target_network"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
         rng.set_state(ckpt["rng"])
         episodes.load(ckpt["episodes"], restart=True)  # envpool cannot snapshot a game: the one in flight is lost
         global_step = ckpt["global_step"]

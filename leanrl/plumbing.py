@@ -203,6 +203,19 @@ def load_checkpoint(args, script: str, same: tuple = ("env_id",)) -> dict:
     return ckpt
 
 
+def load_optimizer(optimizer: torch.optim.Optimizer, saved: dict):
+    """A checkpoint's optimizer state under this run's settings. `load_state_dict` alone restores the writing run's
+    param groups: its `capturable` (a CUDA-graph run's, resumed on a CPU, fails Adam's device check; a host run's,
+    resumed under CUDA graphs, keeps the step counters on the host) and its lr (a copy that the loop, annealing its own
+    lr tensor in place, no longer reaches). Here the groups keep this run's settings, and torch places each step
+    counter as this run's `capturable` asks."""
+    own = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    groups = [dict(s, **settings) for s, settings in zip(saved["param_groups"], own)]
+    optimizer.load_state_dict(dict(saved, param_groups=groups))
+    for group, settings in zip(optimizer.param_groups, own):
+        group.update(settings)  # load_state_dict copies the groups: the lr tensor the loop anneals, itself again
+
+
 class Episodes:
     """Returns of the last `window` finished episodes, summed from the rewards given (the raw, unclipped ones)."""
 

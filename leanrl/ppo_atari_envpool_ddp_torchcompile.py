@@ -45,6 +45,7 @@ import envpool
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
@@ -183,7 +184,7 @@ class Dist:
         # NCCL wants one GPU per rank; gloo runs on CPU, and on CUDA tensors when ranks share a GPU
         own_gpu = self.device.type == "cuda" and int(os.getenv("LOCAL_WORLD_SIZE", "1")) <= torch.cuda.device_count()
         self.backend = "nccl" if own_gpu else "gloo"
-        self.t_sync = 0.0  # seconds spent in collectives, reset every iteration
+        self.t_sync = 0.0  # seconds in the loop's collectives (not the update's all-reduce), reset every iteration
         if self.world_size > 1:  # the timeout bounds every collective: a rank that died or hangs stops the others
             dist.init_process_group(
                 self.backend,
@@ -191,15 +192,15 @@ class Dist:
                 device_id=self.device if own_gpu else None,
             )
 
-    def collective(self, op, *op_args):
-        """op(*op_args) over the ranks, timed into t_sync (nothing on one rank); a dead or hung peer (connection closed,
-        or --dist-timeout passed) ends this rank at once with one clear line, not a traceback from inside gloo/nccl."""
-        if self.world_size == 1:
-            return
-        t0 = time.perf_counter()
+    @contextlib.contextmanager
+    def peers(self):
+        """A dead or hung peer (connection closed, or --dist-timeout passed) in a collective inside this block ends
+        this rank at once with one clear line, not a traceback from inside gloo/nccl."""
         try:
-            op(*op_args)
+            yield
         except RuntimeError as e:
+            if not isinstance(e, dist.DistError) and "gloo" not in str(e):
+                raise  # not a collective's failure (gloo reports a lost peer as a plain RuntimeError)
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0].rsplit("] ", 1)[-1][:160]
             print(
                 f"\nerror: rank {self.rank} of {self.world_size} lost the other ranks ({reason}); stopping",
@@ -207,6 +208,21 @@ class Dist:
                 flush=True,
             )
             os._exit(1)  # no clean-up that could wait on the lost peers again
+
+    def collective(self, op, *op_args):
+        """op(*op_args) over the ranks, timed into t_sync (nothing on one rank). On CUDA the collective runs
+        asynchronously: the device is drained before and after, so that t_sync is the collective's time, not its
+        launch's."""
+        if self.world_size == 1:
+            return
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        with self.peers():
+            op(*op_args)
+            if cuda:
+                torch.cuda.synchronize(self.device)
         self.t_sync += time.perf_counter() - t0
 
     def broadcast_params(self, module: nn.Module):
@@ -377,8 +393,10 @@ def rollout(pools: list, acts: list, next_obs, next_done, buf: TensorDict, episo
     return t_env, t_policy
 
 
-def gae(next_value, next_done, rewards, values, dones, gamma: float, gae_lambda: float):
-    """Generalized advantage estimation, CleanRL's recursion; compiled it fuses into one loop."""
+def gae(agent: Agent, next_obs, next_done, rewards, values, dones, gamma: float, gae_lambda: float):
+    """Generalized advantage estimation, CleanRL's recursion; compiled it fuses into one loop. The bootstrap value of
+    the last observations is computed in here, as LeanRL does: under CUDA graphs, one captured graph for both."""
+    next_value = agent.get_value(next_obs)
     advantages = torch.empty_like(rewards)
     lastgaelam = torch.zeros_like(next_value)
     nextnonterminal = 1.0 - next_done
@@ -392,13 +410,11 @@ def gae(next_value, next_done, rewards, values, dones, gamma: float, gae_lambda:
     return advantages, advantages + values
 
 
-@torch.compiler.disable  # left eager inside the compiled update (a graph break), so that its time is measured: t_sync
 def average_gradients(dist_: Dist, agent: Agent):
-    """The mean of every rank's gradients, in place: one all-reduce of one flat buffer, not one per tensor."""
+    """The mean of every rank's gradients, in place: one all-reduce of one flat buffer, not one per tensor. A
+    functional collective: it traces into the compiled update (and its CUDA graph) with the step that follows."""
     grads = [p.grad for p in agent.parameters()]
-    flat = torch.cat([g.flatten() for g in grads])
-    dist_.all_reduce(flat)
-    flat /= dist_.world_size
+    flat = funcol.all_reduce(torch.cat([g.flatten() for g in grads]), "sum", dist.group.WORLD) / dist_.world_size
     for g, x in zip(grads, flat.split([g.numel() for g in grads])):
         g.copy_(x.view_as(g))
 
@@ -489,6 +505,9 @@ def main(args: Args):
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    # fp32 matmuls, as in the baseline (CleanRL's): LeanRL's torch.set_float32_matmul_precision("high") (TF32) changes
+    # the numbers for little here: on an H200 the whole update took 0.015 s of Breakout's 0.3 s iteration
+    # (doc/gpu.md). cuDNN's convolutions take TF32 by default, in both scripts.
     # the ranks on one machine share its cores: each gets its share, or it oversubscribes them
     args.num_threads = args.num_threads or max(1, plumbing.cores() // int(os.getenv("LOCAL_WORLD_SIZE", "1")))
     torch.set_num_threads(args.num_threads)
@@ -510,13 +529,12 @@ def main(args: Args):
     dist_.broadcast_params(agent)
     agent_inference = inference_copy(agent)
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
-    # CUDA graphs replay the Adam step with its counters on the device (capturable); torch.compile arranges that itself
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=args.cudagraphs and not args.compile)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
     # One acting unit per env pool: with an odd --num-envs the pools differ in size, and a CUDA graph has one shape.
     acts = [functools.partial(policy, agent_inference) for _ in pools]
-    compute_gae = functools.partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda)
+    compute_gae = functools.partial(gae, agent_inference, gamma=args.gamma, gae_lambda=args.gae_lambda)
     update_minibatch = functools.partial(update, agent, optimizer, args, dist_)
     if args.compile:
         acts = [torch.compile(act) for act in acts]
@@ -543,7 +561,7 @@ def main(args: Args):
     start_iteration = 1
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
         ckpt.update(ckpt["ranks"][rank])  # this rank's own RNG and statistics
         rng.set_state(ckpt["rng"])
         episodes.load(ckpt)
@@ -557,7 +575,7 @@ def main(args: Args):
     iteration = start_iteration - 1
     mean_return = None
     stop_all = False
-    with run:
+    with run, dist_.peers():  # a peer lost in the update's all-reduce too: one line, not a traceback
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             dist_.t_sync = 0.0
@@ -571,7 +589,7 @@ def main(args: Args):
 
             t0 = time.perf_counter()
             buf["advantages"], buf["returns"] = compute_gae(
-                agent_inference.get_value(next_obs), next_done, buf["rewards"], buf["values"], buf["dones"]
+                next_obs, next_done, buf["rewards"], buf["values"], buf["dones"]
             )
             t_gae = time.perf_counter() - t0
 

@@ -413,7 +413,9 @@ def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, retur
 
 
 def make_optimizer(agent, lr, capturable: bool):
-    """Adam's state, made here, not on a first step(): `update` applies Adam's functional form to it."""
+    """Adam's state, made here, not on a first step(): `update` applies Adam's functional form to it.
+    `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
+    host and CUDA graphs can replay it."""
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=capturable)
     for p in agent.parameters():
         step = torch.zeros((), device=p.device if capturable else "cpu")
@@ -455,7 +457,7 @@ def main(args: Args):
     normalizer = Normalizer(args.num_envs, n_obs, args.gamma, act_device)  # where the rollout acts
     numpy_act = args.numpy_act and act_device.type == "cpu"
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
-    optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
+    optimizer = make_optimizer(agent, lr, capturable=device.type == "cuda")
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
     policy = functools.partial(act, acting)
@@ -497,7 +499,7 @@ def main(args: Args):
     start_iteration = 1
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
         normalizer.load_state_dict(ckpt["normalizer"])
         rng.set_state(ckpt["rng"])
         episodes.load(ckpt["episodes"], restart=True)  # the envs start new episodes

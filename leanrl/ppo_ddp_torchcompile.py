@@ -29,6 +29,7 @@ The one trick of this script, data parallelism (doc/distributed.md has launch co
     torchrun --nproc-per-node 2 leanrl/ppo_ddp_torchcompile.py --compile  # 2 ranks on this machine
 """
 
+import contextlib
 import copy
 import datetime
 import functools
@@ -43,6 +44,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
@@ -178,7 +180,7 @@ class Dist:
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         own_gpu = self.device.type == "cuda" and local_ranks <= torch.cuda.device_count()
         self.backend = "nccl" if own_gpu else "gloo"
-        self.t_sync = 0.0  # seconds spent in collectives, reset every iteration
+        self.t_sync = 0.0  # seconds in the loop's collectives (not the update's all-reduce), reset every iteration
         if self.world_size > 1:  # the timeout bounds every collective: a rank that died or hangs stops the others
             dist.init_process_group(
                 self.backend,
@@ -186,15 +188,15 @@ class Dist:
                 device_id=self.device if own_gpu else None,
             )
 
-    def collective(self, op, *op_args):
-        """op(*op_args) over the ranks, timed into t_sync (nothing on one rank); a dead or hung peer (connection closed,
-        or --dist-timeout passed) ends this rank at once with one clear line, not a traceback from inside gloo/nccl."""
-        if self.world_size == 1:
-            return
-        t0 = time.perf_counter()
+    @contextlib.contextmanager
+    def peers(self):
+        """A dead or hung peer (connection closed, or --dist-timeout passed) in a collective inside this block ends
+        this rank at once with one clear line, not a traceback from inside gloo/nccl."""
         try:
-            op(*op_args)
+            yield
         except RuntimeError as e:
+            if not isinstance(e, dist.DistError) and "gloo" not in str(e):
+                raise  # not a collective's failure (gloo reports a lost peer as a plain RuntimeError)
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0].rsplit("] ", 1)[-1][:160]
             print(
                 f"\nerror: rank {self.rank} of {self.world_size} lost the other ranks ({reason}); stopping",
@@ -202,6 +204,21 @@ class Dist:
                 flush=True,
             )
             os._exit(1)  # no clean-up that could wait on the lost peers again
+
+    def collective(self, op, *op_args):
+        """op(*op_args) over the ranks, timed into t_sync (nothing on one rank). On CUDA the collective runs
+        asynchronously: the device is drained before and after, so that t_sync is the collective's time, not its
+        launch's."""
+        if self.world_size == 1:
+            return
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        with self.peers():
+            op(*op_args)
+            if cuda:
+                torch.cuda.synchronize(self.device)
         self.t_sync += time.perf_counter() - t0
 
     def broadcast_params(self, module: nn.Module):
@@ -414,10 +431,11 @@ def ppo_loss(params, agent, args, obs, actions, logprobs, advantages, returns, v
     return loss, torch.stack([approx_kl, clipfrac, pg_loss, v_loss, entropy_loss]).detach()
 
 
-@torch.compiler.disable  # left eager inside the compiled update (a graph break), so that its time is measured: t_sync
 def average_gradients(dist_: Dist, grads: dict) -> dict:
-    """The mean of every rank's gradients: one all-reduce of one flat buffer (a few kB here), not one per tensor."""
-    flat = dist_.all_reduce(torch.cat([g.flatten() for g in grads.values()])) / dist_.world_size
+    """The mean of every rank's gradients: one all-reduce of one flat buffer (a few kB here), not one per tensor. A
+    functional collective: it traces into the compiled update, which stays one graph (and one CUDA graph)."""
+    flat = funcol.all_reduce(torch.cat([g.flatten() for g in grads.values()]), "sum", dist.group.WORLD)
+    flat = flat / dist_.world_size
     sizes = [g.numel() for g in grads.values()]
     return {name: x.view_as(g) for (name, g), x in zip(grads.items(), flat.split(sizes))}
 
@@ -427,7 +445,7 @@ def update(
 ):
     """One minibatch step. Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm].
     Gradients from torch.func.grad and the step from torch.optim's functional Adam, on the optimizer's own state:
-    compiled, it is one graph each side of the all-reduce (loss.backward() and optimizer.step() would each break it)."""
+    compiled, it is one graph, the all-reduce included (loss.backward() and optimizer.step() would each break it)."""
     params = {name: p.detach() for name, p in agent.named_parameters()}
     grads, stats = torch.func.grad(ppo_loss, has_aux=True)(
         params,
@@ -499,7 +517,9 @@ def params_digest(agent) -> str:
 
 
 def make_optimizer(agent, lr, capturable: bool):
-    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `update` never calls step()."""
+    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `update` never calls step().
+    `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
+    host and CUDA graphs can replay it."""
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=capturable)
     for p in agent.parameters():
         step = torch.zeros((), device=p.device if capturable else "cpu")
@@ -539,7 +559,7 @@ def main(args: Args):
     agent_inference = Agent(n_obs, n_actions).to(device)
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
-    optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
+    optimizer = make_optimizer(agent, lr, capturable=device.type == "cuda")
     host = args.host_actor and device.type == "cuda"
     act_device = torch.device("cpu") if host else device
     acting = host_copy(agent.actor, act_device) if host else agent_inference.actor
@@ -586,7 +606,7 @@ def main(args: Args):
     next_done = np.zeros(args.num_envs, dtype=bool)
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
         ckpt.update(ckpt["ranks"][rank])  # this rank's own envs, RNG and episodes
         rng.set_state(ckpt["rng"])
         set_env_state(envs, ckpt["env"])
@@ -601,7 +621,7 @@ def main(args: Args):
     iteration = start_iteration - 1
     mean_return = None
     stop_all = False
-    with run:
+    with run, dist_.peers():  # a peer lost in the update's all-reduce too: one line, not a traceback
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             dist_.t_sync = 0.0

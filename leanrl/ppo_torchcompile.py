@@ -360,7 +360,9 @@ def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, retur
 
 
 def make_optimizer(agent, lr, capturable: bool):
-    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `update` never calls step()."""
+    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `update` never calls step().
+    `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
+    host and CUDA graphs can replay it."""
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=capturable)
     for p in agent.parameters():
         step = torch.zeros((), device=p.device if capturable else "cpu")
@@ -391,7 +393,7 @@ def main(args: Args):
     agent_inference = Agent(n_obs, n_actions).to(device)
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
-    optimizer = make_optimizer(agent, lr, capturable=args.cudagraphs)  # CUDA graphs need the step on device
+    optimizer = make_optimizer(agent, lr, capturable=device.type == "cuda")
     host = args.host_actor and device.type == "cuda"
     act_device = torch.device("cpu") if host else device
     acting = host_copy(agent.actor, act_device) if host else agent_inference.actor
@@ -437,7 +439,7 @@ def main(args: Args):
     next_done = np.zeros(args.num_envs, dtype=bool)
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
         rng.set_state(ckpt["rng"])
         set_env_state(envs, ckpt["env"])
         next_obs = ckpt["next_obs"].numpy()

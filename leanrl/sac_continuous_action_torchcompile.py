@@ -247,7 +247,9 @@ def adam_step(optimizer, params: list, grads: list, lr):
 
 
 def make_optimizer(params: list, lr, capturable: bool):
-    """torch.optim.Adam (its state_dict is the checkpoint's), its state created now: the units step it functionally."""
+    """torch.optim.Adam (its state_dict is the checkpoint's), its state created now: the units step it functionally.
+    `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
+    host and CUDA graphs can replay it."""
     optimizer = torch.optim.Adam(params, lr=lr, capturable=capturable)
     for p in params:
         step = torch.zeros((), device=p.device if capturable else "cpu")
@@ -360,9 +362,9 @@ def main(args: Args):
     # the learning rates are tensors: compiled code reads them, CUDA graphs need them on the device
     q_lr = torch.tensor(args.q_lr, device=device)
     policy_lr = torch.tensor(args.policy_lr, device=device)
-    q_optimizer = make_optimizer(list(q_params.values()), q_lr, args.cudagraphs)  # CUDA graphs: the step on device
-    actor_optimizer = make_optimizer(list(actor.parameters()), policy_lr, args.cudagraphs)
-    a_optimizer = make_optimizer([log_alpha], q_lr, args.cudagraphs)
+    q_optimizer = make_optimizer(list(q_params.values()), q_lr, device.type == "cuda")
+    actor_optimizer = make_optimizer(list(actor.parameters()), policy_lr, device.type == "cuda")
+    a_optimizer = make_optimizer([log_alpha], q_lr, device.type == "cuda")
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
     policy = functools.partial(act, actor_inference)
@@ -385,9 +387,9 @@ def main(args: Args):
     episodes = plumbing.Episodes(1)
     if ckpt:
         actor.load_state_dict(ckpt["actor"])
-        q_optimizer.load_state_dict(ckpt["q_optimizer"])
-        actor_optimizer.load_state_dict(ckpt["actor_optimizer"])
-        a_optimizer.load_state_dict(ckpt["a_optimizer"])
+        plumbing.load_optimizer(q_optimizer, ckpt["q_optimizer"])
+        plumbing.load_optimizer(actor_optimizer, ckpt["actor_optimizer"])
+        plumbing.load_optimizer(a_optimizer, ckpt["a_optimizer"])
         for name in q_params:
             q_params[name].data.copy_(ckpt["q_params"][name])
             q_target[name].copy_(ckpt["q_target"][name])

@@ -224,7 +224,9 @@ def adam_step(optimizer, params: list, grads: list, lr):
 
 
 def make_optimizer(params: list, lr, capturable: bool):
-    """torch.optim.Adam (its state_dict is the checkpoint's), its state created now: the units step it functionally."""
+    """torch.optim.Adam (its state_dict is the checkpoint's), its state created now: the units step it functionally.
+    `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
+    host and CUDA graphs can replay it."""
     optimizer = torch.optim.Adam(params, lr=lr, capturable=capturable)
     for p in params:
         step = torch.zeros((), device=p.device if capturable else "cpu")
@@ -319,8 +321,8 @@ def main(args: Args):
     target_actor.load_state_dict(actor.state_dict())
     target_actor.requires_grad_(False)
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: compiled code reads it, CUDA graphs on the device
-    q_optimizer = make_optimizer(list(q_params.values()), lr, args.cudagraphs)  # CUDA graphs: the step on device
-    actor_optimizer = make_optimizer(list(actor.parameters()), lr, args.cudagraphs)
+    q_optimizer = make_optimizer(list(q_params.values()), lr, device.type == "cuda")
+    actor_optimizer = make_optimizer(list(actor.parameters()), lr, device.type == "cuda")
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
     policy = functools.partial(act, actor_inference, args.exploration_noise)
@@ -342,8 +344,8 @@ def main(args: Args):
     if ckpt:
         actor.load_state_dict(ckpt["actor"])
         target_actor.load_state_dict(ckpt["target_actor"])
-        q_optimizer.load_state_dict(ckpt["q_optimizer"])
-        actor_optimizer.load_state_dict(ckpt["actor_optimizer"])
+        plumbing.load_optimizer(q_optimizer, ckpt["q_optimizer"])
+        plumbing.load_optimizer(actor_optimizer, ckpt["actor_optimizer"])
         for name in q_params:
             q_params[name].data.copy_(ckpt["q_params"][name])
             q_target[name].copy_(ckpt["q_target"][name])

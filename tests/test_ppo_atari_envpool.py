@@ -98,6 +98,28 @@ def rollouts(tc, num_envs: int, split: bool, seed: int, rounds: int = 3, num_ste
     return torch.stack(bufs), stats, next_obs, next_done
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_gae_bootstraps_from_the_agents_value_and_matches_numpy_reference(tc, compiled):
+    """The GAE unit computes the last observations' value itself (one graph under CUDA graphs), and its advantages
+    are the independent reference's for that bootstrap value."""
+    from test_ppo import numpy_gae
+
+    torch.manual_seed(0)
+    agent = tc.Agent(4)
+    T, N, gamma, lam = 16, 3, 0.99, 0.95
+    next_obs = torch.randint(0, 256, (N, 4, 84, 84), dtype=torch.uint8)
+    rewards, values = torch.randn(T, N), torch.randn(T, N)
+    dones = (torch.rand(T, N) < 0.15).float()
+    next_done = torch.tensor([0.0, 1.0, 0.0])
+    unit = partial(tc.gae, agent, gamma=gamma, gae_lambda=lam)
+    with torch.no_grad():
+        next_value = agent.get_value(next_obs)
+        adv, ret = (torch.compile(unit) if compiled else unit)(next_obs, next_done, rewards, values, dones)
+    expected = numpy_gae(*(x.double().numpy() for x in (rewards, dones, values, next_value, next_done)), gamma, lam)
+    np.testing.assert_allclose(adv.numpy(), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ret.numpy(), expected + values.numpy(), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("num_envs", [4, 3])
 def test_split_rollout_equals_single_pool(tc, num_envs):
     """--split-envs changes no transition: the same seed, agent and noise give the same buffers as one pool, over 3

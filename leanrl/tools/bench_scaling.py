@@ -5,7 +5,8 @@
 
 For each world size it runs the script (all ranks on this machine, one intra-op thread each), reads rank 0's logs
 and reports the steady-state global fps, the speedup and efficiency against world size 1 (ideal: speedup = world
-size), and the t_sync share: the fraction of the steady-state wall time a rank spent in collectives. It writes
+size), and the t_sync share: the fraction of the steady-state wall time a rank spent in the loop's collectives (the
+per-iteration one, where a rank waits for the slowest; the gradient all-reduce runs inside the update). It writes
 `scaling_<mode>.json` (with the machine and the load average around each run), `scaling_<mode>.csv` and
 `scaling_<mode>.png` into --out-dir. doc/distributed.md reads the numbers.
 """
