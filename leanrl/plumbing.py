@@ -35,7 +35,12 @@ import tyro
 
 
 def fail(message: str) -> NoReturn:
-    """A user mistake: one line on stderr, exit code 2, no traceback."""
+    """A user mistake: one line on stderr, exit code 2, no traceback. Under torchrun every rank checks the same flags
+    and only rank 0 says what is wrong; the others wait for torchrun to stop them once rank 0 has exited (an early exit
+    of theirs would have torchrun kill rank 0 before its line), and exit 2 silently if it does not within a minute."""
+    if os.environ.get("RANK", "0") != "0":
+        time.sleep(60)
+        sys.exit(2)
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
 
