@@ -180,11 +180,36 @@ def pick_device(args) -> torch.device:
 CHECKPOINT_FORMAT = 2
 
 
-def save_checkpoint(path: str, script: str, args, **state):
-    """`state` with the writing script's name and flags, written atomically: a crash mid-write never leaves a
-    truncated file."""
-    torch.save(dict(script=script, format=CHECKPOINT_FORMAT, args=asdict(args), **state), path + ".tmp")
-    os.replace(path + ".tmp", path)
+def save_checkpoint(path: str, script: str, args, **state) -> bool:
+    """`state` with the writing script's name and flags, written atomically (`write_atomically`)."""
+    buffer = io.BytesIO()
+    torch.save(dict(script=script, format=CHECKPOINT_FORMAT, args=asdict(args), **state), buffer)
+    return write_atomically(path, buffer.getbuffer())
+
+
+# the files a run could not write (a full disk): its exit code is 1 (Run.finish)
+UNWRITTEN = []
+
+
+def write_atomically(path: str, data) -> bool:
+    """`data` (bytes) written to `path` through `path.tmp` and a rename: a reader sees the file before or the new one,
+    never part of one (a 0-byte summary.json read as a finished run). A failed write (a full disk) removes the
+    temporary file, says so in one line and returns False; the file before it is kept."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # a full disk may only show here, and a rename of unwritten data is no safer
+        os.replace(tmp, path)
+        return True
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        kept = "the one before it is kept" if os.path.exists(path) else "there is none"
+        print(f"error: could not write {path} ({e.strerror or e}); {kept}", file=sys.stderr)
+        UNWRITTEN.append(path)
+        return False
 
 
 def load_checkpoint(args, script: str, same: tuple = ("env_id",)) -> dict:
@@ -268,15 +293,26 @@ def machine_info(device: torch.device) -> dict:
 
 class StopFlag:
     """Ctrl-C or SIGTERM asks the loop to stop at its next log line, where the state is consistent and a checkpoint
-    can be saved. A second one stops at once (no checkpoint), and so does the first before anything was logged."""
+    can be saved. A second one stops at once (no checkpoint), and so does the first before anything was logged. Once
+    the loop is over (`finishing`), signals wait for the final writes: a checkpoint cut in half is a traceback, a
+    stale temporary file and no summary; exit code 130 after them."""
 
     def __init__(self):
         self.set = False
         self.logged = False
+        self.finishing = False
+        self.deferred = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
+        if self.finishing:
+            if not self.deferred:
+                print(
+                    "\nwriting the checkpoint and summary first; the run stops after them", file=sys.stderr, flush=True
+                )
+            self.deferred = True
+            return
         if not self.logged:
             print("\nstopped before the first log line: nothing to save", file=sys.stderr, flush=True)
             os._exit(130)
@@ -371,6 +407,7 @@ class Run:
         return self
 
     def __exit__(self, kind, exc, tb):
+        self.stop.finishing = True
         self.bar.close()
         if self.metrics:
             self.metrics.close()
@@ -414,7 +451,8 @@ class Run:
         return self.first_interval - statistics.median(self.steady_intervals)
 
     def finish(self, global_step: int, final_return: Optional[float], compile_time: Optional[float] = None, **extra):
-        """summary.json (and wandb's summary), one closing line on stderr; exit code 130 if the run was stopped."""
+        """summary.json (and wandb's summary), one closing line on stderr; exit code 1 if a final write failed, 130 if
+        the run was stopped."""
         if self.lead:
             summary = dict(
                 script=self.script,
@@ -432,8 +470,7 @@ class Run:
                 interrupted=self.stop.set,
                 **extra,
             )
-            with open(os.path.join(self.args.log_dir, "summary.json"), "w") as f:
-                json.dump(summary, f, indent=2)
+            write_atomically(os.path.join(self.args.log_dir, "summary.json"), json.dumps(summary, indent=2).encode())
             if self.wandb:
                 self.wandb.summary.update(summary)
                 self.wandb.finish()
@@ -442,5 +479,12 @@ class Run:
                 f"logs in {self.args.log_dir}",
                 file=sys.stderr,
             )
-        if self.stop.set:
-            sys.exit(130)
+        if self.exit_code:
+            sys.exit(self.exit_code)
+
+    @property
+    def exit_code(self) -> int:
+        """1 if a final write failed, 130 if a signal stopped the run or came during its final writes, else 0."""
+        if UNWRITTEN:
+            return 1
+        return 130 if self.stop.set or self.stop.deferred else 0

@@ -626,7 +626,7 @@ def main(args: Args):
             # the compile outlived the run: its thread cannot be stopped and shutting down under it aborts, so leave now
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(130 if run.stopping else 0)
+            os._exit(run.exit_code)
 
 
 if __name__ == "__main__":

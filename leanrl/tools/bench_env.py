@@ -180,8 +180,9 @@ def main(args: Args):
         final_return=None,
         compile_time=None,
     )
-    with open(os.path.join(args.log_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    data = json.dumps(summary, indent=2).encode()
+    if not plumbing.write_atomically(os.path.join(args.log_dir, "summary.json"), data):
+        sys.exit(1)  # a full disk: it said so, and run.sh must not take the run for a finished one
     print(f"{args.env_id} x {args.num_envs}, random actions: {fps or 0:,.0f} steps/s", file=sys.stderr)
 
 
