@@ -322,6 +322,33 @@ class StopFlag:
         print("\nstopping at the next log line (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr, flush=True)
 
 
+def keep_rows_until(path: str, step: int):
+    """metrics.jsonl of a run resumed from a checkpoint at `step`, rewritten without the rows past it, which a run that
+    went on after the checkpoint and was then stopped uncleanly (SIGKILL, a second Ctrl-C) logged, nor a line such a
+    stop cut short: the resumed run logs those steps again, and global_step never goes back."""
+    with open(path) as f:
+        lines = f.read().splitlines(keepends=True)
+    kept = []
+    past = 0
+    for line in lines:
+        try:
+            row_step = json.loads(line)["global_step"] if line.endswith("\n") else None
+        except (ValueError, KeyError, TypeError):
+            row_step = None
+        if row_step is not None and row_step > step:
+            past += 1
+        elif row_step is not None:
+            kept.append(line)
+    if len(kept) == len(lines) or not write_atomically(path, "".join(kept).encode()):
+        return
+    cut = len(lines) - len(kept) - past
+    print(
+        f"{path}: dropped {past} rows logged past the checkpoint's step {step:,}"
+        + (f" and {cut} lines cut short" if cut else ""),
+        file=sys.stderr,
+    )
+
+
 class Run:
     """A run's outputs: a metrics.jsonl row per `log`, wandb with `--track`, the progress bar, the steady-state fps,
     and summary.json from `finish`. Used as a context: Ctrl-C (or SIGTERM) sets `stopping`, a second one ends the
@@ -366,7 +393,10 @@ class Run:
         self.metrics = None
         self.start = self.last = time.perf_counter()
         if lead:
-            self.metrics = open(os.path.join(args.log_dir, "metrics.jsonl"), "a", buffering=1)
+            path = os.path.join(args.log_dir, "metrics.jsonl")
+            if start_step and os.path.exists(path):
+                keep_rows_until(path, start_step)
+            self.metrics = open(path, "a", buffering=1)
             if args.track:
                 import wandb
 
