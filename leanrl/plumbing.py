@@ -3,9 +3,11 @@
 - `parse_args`, `fail`: a user mistake ends the run with one line on stderr and exit code 2, never a traceback.
 - `positive`, `positive_finite`, `non_negative_finite`, `unit_interval`, `probability`, `require`: range rules.
 - `check_env_id`: an env id of the wrong family names the script that takes it.
-- `check_run`: the flags every script shares (seed, threads, burn-in, video, `--resume`, `--log-dir`), checked last.
+- `check_run`: the flags every script shares (seed, threads, burn-in, video, `--resume`, `--track`, `--log-dir`),
+  checked last.
 - `pick_device`: the learner's device; `--cudagraphs` without CUDA is dropped with one line.
-- `save_checkpoint` (atomic) and `load_checkpoint` (`weights_only`, refuses another script's file).
+- `save_checkpoint` and `write_atomically` (a full disk leaves no partial file), `load_checkpoint` (`weights_only`,
+  refuses another script's file).
 - `Episodes`: the returns of finished episodes, from the raw rewards.
 - `Run`: metrics.jsonl, summary.json, wandb (`--track`), the progress bar, steady-state fps, Ctrl-C and SIGTERM.
 
@@ -15,15 +17,20 @@ A script copied out of leanrl needs none of this: its algorithm and its tricks a
 import contextlib
 import importlib.util
 import io
+import itertools
 import json
 import math
+import netrc
 import os
 import platform
 import signal
+import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
 from collections import deque
 from dataclasses import asdict
 from typing import NoReturn, Optional
@@ -143,11 +150,20 @@ def check_env_id(env_id: str, family: str, algo: str):
     fail(f"--env-id {env_id} is {FAMILIES[found]['name']}; {where} ({takes})")
 
 
-def check_run(args, script: str, same: tuple = ("env_id",), video: bool = False, lead: bool = True) -> Optional[dict]:
+# the files that make a folder a run's: a run never writes into a folder holding another run's
+RUN_FILES = ("metrics.jsonl", "summary.json", "agent.pt")
+
+
+def check_run(
+    args, script: str, same: tuple = ("env_id",), video: bool = False, lead: bool = True, step: int = 1
+) -> Optional[dict]:
     """The flags every script shares, after its own: seed, threads and burn-in ranges, `--capture-video` (`video`:
-    whether the script can record), `--resume` (a checkpoint of this script, trained with the same `same` flags) and,
-    last so that a bad flag never leaves a folder behind, `--log-dir` (default resolved into args, created, writable;
-    only by the process that writes there: `lead`). Returns the checkpoint to resume from, if any."""
+    whether the script can record), `--resume` (a checkpoint of this script, trained with the same `same` flags, with
+    at least `step` steps, the steps of one iteration, left to train), `--track` and, last so that a bad flag never
+    leaves a folder behind, `--log-dir` (default resolved into args and created under a name no other run has; a given
+    one must hold no other run unless `--resume` points into it; only by the process that writes there: `lead`).
+    Returns the checkpoint to resume from, if any. A warning (wandb offline) comes last, once
+    every check has passed, so that a refused run says one line."""
     require(args, lambda v: 0 <= v < 2**31, "in [0, 2**31)", "seed")
     positive(args, "num_threads")
     require(args, lambda v: v >= 0, "non-negative", "measure_burnin")
@@ -156,15 +172,112 @@ def check_run(args, script: str, same: tuple = ("env_id",), video: bool = False,
     if args.capture_video and not all(importlib.util.find_spec(m) for m in ("moviepy", "pygame")):
         fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
     ckpt = load_checkpoint(args, script, same) if args.resume else None
-    args.log_dir = args.log_dir or f"runs/{args.env_id.replace('/', '-')}__{script}__{args.seed}__{int(time.time())}"
-    if not lead:
+    if ckpt is not None and args.total_timesteps - ckpt["global_step"] < step:
+        fail(
+            f"--resume {args.resume} is already at step {ckpt['global_step']:,} of --total-timesteps "
+            f"{args.total_timesteps:,}: nothing left to train; pass a larger --total-timesteps to go on"
+        )
+    warnings = [check_track(args)] if args.track and lead else []
+    if not lead:  # a rank that writes nothing: rank 0 names and creates the folder
+        args.log_dir = args.log_dir or default_log_dir(args, script)
         return ckpt
+    if args.log_dir is not None:
+        check_log_dir(args)
     try:
+        args.log_dir = args.log_dir or new_folder(default_log_dir(args, script))
         os.makedirs(args.log_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=args.log_dir).close()
     except OSError as e:
-        fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
+        fail(f"--log-dir {args.log_dir or default_log_dir(args, script)}: cannot write there ({e.strerror or e})")
+    for line in filter(None, warnings):
+        print(line, file=sys.stderr)
     return ckpt
+
+
+def default_log_dir(args, script: str) -> str:
+    return f"runs/{args.env_id.replace('/', '-')}__{script}__{args.seed}__{int(time.time())}"
+
+
+def new_folder(path: str) -> str:
+    """`path`, or `path-2`, `path-3`, ...: the first that this call creates. Default names have a one-second
+    resolution; two runs started in the same second get a folder each (mkdir either creates or fails: no race)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    for n in itertools.count(1):
+        name = path if n == 1 else f"{path}-{n}"
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name)
+            return name
+
+
+def check_log_dir(args):
+    """A `--log-dir` that holds another run's files is refused (the runs' rows, checkpoints and summaries would mix),
+    unless `--resume` continues the run that is there."""
+    held = [name for name in RUN_FILES if os.path.exists(os.path.join(args.log_dir, name))]
+    if not held:
+        return
+    resume = getattr(args, "resume", None)  # a measuring tool (bench_env.py) has none
+    if resume and os.path.samefile(os.path.dirname(os.path.abspath(resume)), args.log_dir):
+        return
+    go_on = f", or continue it with --resume {os.path.join(args.log_dir, 'agent.pt')}" if "agent.pt" in held else ""
+    fail(f"--log-dir {args.log_dir} holds another run ({', '.join(held)}); pick a new folder{go_on}")
+
+
+# seconds --track waits for wandb's server to answer before it logs offline (wandb.init itself would wait 90 s, then
+# fail after the envs are built)
+WANDB_PROBE_S = 10.0
+
+
+def check_track(args) -> Optional[str]:
+    """`--track`: wandb installed and, unless WANDB_MODE is offline or disabled, logged in (WANDB_API_KEY, or a key
+    in the netrc file that `wandb login` writes) and its server reachable within WANDB_PROBE_S; a server that does not
+    answer switches wandb to offline mode. Returns the line that says so, if it did."""
+    if importlib.util.find_spec("wandb") is None:
+        fail("--track needs wandb: pip install wandb")
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
+        return None
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    if not wandb_login(host):
+        fail(
+            "--track needs a wandb login: run `wandb login` or set WANDB_API_KEY (or set WANDB_MODE=offline to log "
+            "into the log dir and `wandb sync` it later)"
+        )
+    if reachable(host, WANDB_PROBE_S):
+        return None
+    os.environ["WANDB_MODE"] = "offline"
+    return (
+        f"warning: --track: {urllib.parse.urlsplit(host).hostname} did not answer within {WANDB_PROBE_S:.0f} s: wandb "
+        "logs offline into the log dir's wandb/ folder; upload it later with `wandb sync`"
+    )
+
+
+def wandb_login(host: str) -> bool:
+    """Whether wandb has a key for `host` where it looks first: the environment, then the netrc file."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    try:
+        entry = netrc.netrc(path).authenticators(urllib.parse.urlsplit(host).netloc)
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(entry and entry[2])
+
+
+def reachable(url: str, timeout: float) -> bool:
+    """Whether a TCP connection to `url`'s host opens within `timeout` seconds. It runs in a thread that is given up at
+    the deadline: a name lookup takes no timeout and can hang on its own."""
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    opened = []
+
+    def connect():
+        with contextlib.suppress(OSError):
+            socket.create_connection((parts.hostname, port), timeout=timeout).close()
+            opened.append(True)
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(opened)
 
 
 def pick_device(args) -> torch.device:

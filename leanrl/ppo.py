@@ -109,7 +109,7 @@ def check_args(args: Args) -> Optional[dict]:
     if args.cudagraphs and args.cuda and torch.cuda.is_available():
         plumbing.fail("--cudagraphs needs the units of leanrl/ppo_torchcompile.py; ppo.py is the eager baseline")
     plumbing.check_env_id(args.env_id, "classic", "ppo")
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), video=True)
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), video=True, step=batch_size)
 
 
 def make_env(env_id, idx, capture_video, video_dir):

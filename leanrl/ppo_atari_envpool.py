@@ -114,7 +114,7 @@ def check_args(args: Args) -> Optional[dict]:
             "leanrl/ppo_atari_envpool_torchcompile.py"
         )
     plumbing.check_env_id(args.env_id, "atari", "ppo")
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"))
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), step=batch_size)
 
 
 def make_envs(args: Args, seed: int):

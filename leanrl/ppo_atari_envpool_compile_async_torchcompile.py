@@ -163,7 +163,7 @@ def check_args(args: Args) -> Optional[dict]:
     if swap is not None and not (args.compile_async and swap >= 1):
         plumbing.fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {swap}")
     plumbing.check_env_id(args.env_id, "atari", "ppo")
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"))
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), step=batch_size)
 
 
 def pool_sizes(args: Args) -> list:

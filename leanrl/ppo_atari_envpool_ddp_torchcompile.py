@@ -165,7 +165,9 @@ def check_args(args: Args) -> Optional[dict]:
     trained = plumbing.load_checkpoint(args, SCRIPT, same).get("world_size") if args.resume else world_size
     if trained != world_size:
         plumbing.fail(f"--resume {args.resume} was trained with {trained} ranks; launch {trained}")
-    return plumbing.check_run(args, SCRIPT, same=same, lead=os.environ.get("RANK", "0") == "0")
+    return plumbing.check_run(
+        args, SCRIPT, same=same, lead=os.environ.get("RANK", "0") == "0", step=batch_size * world_size
+    )
 
 
 class Dist:

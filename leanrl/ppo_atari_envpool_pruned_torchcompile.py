@@ -165,7 +165,7 @@ def check_args(args: Args) -> Optional[dict]:
             "--target-kl reads the KL on the host after every epoch, which CUDA graphs exist to avoid; drop one"
         )
     plumbing.check_env_id(args.env_id, "atari", "ppo")
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps", "prune_mode"))
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps", "prune_mode"), step=batch_size)
 
 
 def pool_sizes(args: Args) -> list:

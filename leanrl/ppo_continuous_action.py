@@ -116,7 +116,7 @@ def check_args(args: Args) -> Optional[dict]:
             "ppo_continuous_action.py is the eager baseline"
         )
     plumbing.check_env_id(args.env_id, "mujoco", "ppo")
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"))
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), step=batch_size)
 
 
 def make_envs(args: Args, seed: int):

@@ -160,7 +160,9 @@ def check_args(args: Args) -> Optional[dict]:
         ranks = plumbing.load_checkpoint(args, SCRIPT, SAME)["world_size"]
         if ranks != args.world_size:
             plumbing.fail(f"--resume {args.resume} was trained with {ranks} ranks; launch {ranks}")
-    return plumbing.check_run(args, SCRIPT, same=SAME, video=True, lead=os.environ.get("RANK", "0") == "0")
+    return plumbing.check_run(
+        args, SCRIPT, same=SAME, video=True, lead=os.environ.get("RANK", "0") == "0", step=batch_size * args.world_size
+    )
 
 
 class Dist:

@@ -164,7 +164,7 @@ def check_args(args: Args) -> Optional[dict]:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     plumbing.check_env_id(args.env_id, "classic", "ppo")
     same = ("env_id", "num_envs", "num_steps", "hidden_dim", "hidden_depth", "prune_mode")
-    return plumbing.check_run(args, SCRIPT, same=same, video=True)
+    return plumbing.check_run(args, SCRIPT, same=same, video=True, step=batch_size)
 
 
 def make_envs(args: Args, video_dir: str):

@@ -164,7 +164,11 @@ def check_args(args: Args) -> Optional[dict]:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     plumbing.check_env_id(args.env_id, "classic", "ppo")
     return plumbing.check_run(
-        args, SCRIPT, same=("env_id", "num_envs", "num_steps", "hidden_dim", "hidden_depth"), video=True
+        args,
+        SCRIPT,
+        same=("env_id", "num_envs", "num_steps", "hidden_dim", "hidden_depth"),
+        video=True,
+        step=batch_size,
     )
 
 

@@ -171,7 +171,9 @@ def check_args(args: Args) -> Optional[dict]:
     plumbing.positive(args, "eval_every", "eval_episodes")
     plumbing.positive_finite(args, "teacher_learning_rate")
     sizes = ("student_hidden_dim", "student_hidden_depth", "teacher_hidden_dim", "teacher_hidden_depth")
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps", *sizes), video=True)
+    return plumbing.check_run(
+        args, SCRIPT, same=("env_id", "num_envs", "num_steps", *sizes), video=True, step=batch_size
+    )
 
 
 def make_envs(args: Args, video_dir: str):
