@@ -3,6 +3,7 @@
 - `parse_args`, `fail`: a user mistake ends the run with one line on stderr and exit code 2, never a traceback.
 - `positive`, `positive_finite`, `non_negative_finite`, `unit_interval`, `probability`, `require`: range rules.
 - `check_env_id`: an env id of the wrong family names the script that takes it.
+- `check_memory`: a run whose stores (rollout, replay buffer, env pools) will not fit in memory is refused.
 - `check_run`: the flags every script shares (seed, threads, burn-in, video, `--resume`, `--track`, `--log-dir`),
   checked last.
 - `pick_device`: the learner's device; `--cudagraphs` without CUDA is dropped with one line.
@@ -162,7 +163,7 @@ def check_run(
     at least `step` steps, the steps of one iteration, left to train), `--track` and, last so that a bad flag never
     leaves a folder behind, `--log-dir` (default resolved into args and created under a name no other run has; a given
     one must hold no other run unless `--resume` points into it; only by the process that writes there: `lead`).
-    Returns the checkpoint to resume from, if any. A warning (wandb offline) comes last, once
+    Returns the checkpoint to resume from, if any. A warning (more threads than cores, wandb offline) comes last, once
     every check has passed, so that a refused run says one line."""
     require(args, lambda v: 0 <= v < 2**31, "in [0, 2**31)", "seed")
     positive(args, "num_threads")
@@ -178,6 +179,13 @@ def check_run(
             f"{args.total_timesteps:,}: nothing left to train; pass a larger --total-timesteps to go on"
         )
     warnings = [check_track(args)] if args.track and lead else []
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's ranks on this machine share its cores
+    if args.num_threads and args.num_threads * ranks > cores():
+        threads = f"--num-threads {args.num_threads}" + (f" x {ranks} ranks" if ranks > 1 else "")
+        warnings.append(
+            f"warning: {threads} is more than the {cores()} cores this process may use: the threads will wait on each "
+            f"other, often many times slower; use at most {max(1, cores() // ranks)}"
+        )
     if not lead:  # a rank that writes nothing: rank 0 names and creates the folder
         args.log_dir = args.log_dir or default_log_dir(args, script)
         return ckpt
@@ -278,6 +286,78 @@ def reachable(url: str, timeout: float) -> bool:
     thread.start()
     thread.join(timeout)
     return bool(opened)
+
+
+# bytes one env of a family holds in its pool (emulator or physics state, frame stack, queues), measured with envpool
+# 1.2.5 and gymnasium 1.4 (Breakout-v5, HalfCheetah-v4, CartPole-v1) and rounded down: the estimate is a lower bound,
+# so a refused run is one that cannot fit
+ENV_BYTES = {"classic": 5_000, "atari": 1_200_000, "mujoco": 700_000}
+# the flags that size each store check_memory knows
+SIZED_BY = {"rollout": ("num_envs", "num_steps"), "replay_buffer": ("buffer_size",), "envs": ("num_envs",)}
+GIB = 2**30
+
+
+def spaces(env_id: str) -> tuple:
+    """(numbers in one observation, actions: their count if discrete, else their dimensions), from the env's spec
+    without building it (classic control: one gymnasium env, cheap)."""
+    import envpool
+    import gymnasium as gym
+
+    if env_family(env_id) == "classic":
+        env = gym.make(env_id)
+        obs, act = env.observation_space, env.action_space
+    else:
+        spec = envpool.make_spec(env_id)
+        obs, act = spec.observation_space, spec.action_space
+    return math.prod(obs.shape), int(act.n) if hasattr(act, "n") else math.prod(act.shape)
+
+
+def available_memory() -> Optional[int]:
+    """Bytes this process can still take: the kernel's MemAvailable plus free swap, capped by a container's limit
+    (cgroup v2); None where /proc/meminfo cannot be read (not Linux): no check there."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:2]}
+    except (OSError, ValueError):
+        return None
+    free = info.get("MemAvailable", 0) + info.get("SwapFree", 0)
+    with contextlib.suppress(OSError, ValueError):
+        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
+            limit = f.read().strip()
+            if limit != "max":
+                free = min(free, int(limit) - int(g.read()))
+    return free
+
+
+def check_memory(args, family: str, **stores: int):
+    """Refuse, before any work, a run that cannot fit in memory: `stores` are the bytes of its big stores on the
+    learner's device (`rollout`, `replay_buffer`: SIZED_BY names their flags), the env pools (`--num-envs` x
+    ENV_BYTES[family]) are on the host. Without this a run the machine cannot hold is killed by the kernel without a
+    word, or fails hours in, when its replay buffer fills. torchrun's ranks on one machine share its memory."""
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    host = dict(envs=args.num_envs * ENV_BYTES[family])
+    if args.cuda and torch.cuda.is_available():
+        index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        fits(args, stores, torch.cuda.mem_get_info(index)[0], "free on the GPU", 1)
+    else:
+        host.update(stores)
+    fits(args, host, available_memory(), "available", ranks)
+
+
+def fits(args, stores: dict, free: Optional[int], where: str, ranks: int):
+    """`stores` (name: bytes) x `ranks` within `free` bytes, else one line naming the flags of the big stores."""
+    need = sum(stores.values()) * ranks
+    if free is None or need <= free:
+        return
+    big = sorted((store for store in stores if stores[store] * ranks >= need / 20), key=stores.get, reverse=True)
+    flags = list(dict.fromkeys(name for store in big for name in SIZED_BY[store]))  # largest store's first, once each
+    parts = ", ".join(f"{store.replace('_', ' ')} {stores[store] / GIB:.1f} GiB" for store in big)
+    each = f" per rank, {ranks} ranks on this machine" if ranks > 1 else ""
+    sizes = " ".join(f"{flag(name)} {getattr(args, name)}" for name in flags)
+    fail(
+        f"{sizes}: this run needs about {need / GIB:.1f} GiB ({parts}{each}) and {free / GIB:.1f} GiB is {where}; "
+        f"lower {' or '.join(flag(name) for name in flags)}"
+    )
 
 
 def pick_device(args) -> torch.device:

@@ -163,6 +163,8 @@ def check_args(args: Args) -> Optional[dict]:
     if swap is not None and not (args.compile_async and swap >= 1):
         plumbing.fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {swap}")
     plumbing.check_env_id(args.env_id, "atari", "ppo")
+    # the rollout: uint8 frames, an int64 action and four floats (log-prob, reward, done, value) per env step
+    plumbing.check_memory(args, "atari", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 24))
     return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), step=batch_size)
 
 
