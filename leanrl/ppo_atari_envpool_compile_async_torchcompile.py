@@ -165,7 +165,10 @@ def check_args(args: Args) -> Optional[dict]:
     plumbing.check_env_id(args.env_id, "atari", "ppo")
     # the rollout: uint8 frames, an int64 action and four floats (log-prob, reward, done, value) per env step
     plumbing.check_memory(args, "atari", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 24))
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), step=batch_size)
+    # the --compile-cache-only subprocess writes nothing in the log dir: the run that started it owns the folder
+    return plumbing.check_run(
+        args, SCRIPT, same=("env_id", "num_envs", "num_steps"), step=batch_size, lead=not args.compile_cache_only
+    )
 
 
 def pool_sizes(args: Args) -> list:

@@ -161,7 +161,15 @@ def check_args(args: Args) -> Optional[dict]:
     plumbing.check_env_id(args.env_id, "classic", "ppo")
     # the rollout: float32 observations and five floats (action, log-prob, reward, done, value) per env step
     plumbing.check_memory(args, "classic", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 5) * 4)
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), video=True, step=batch_size)
+    # the --compile-cache-only subprocess writes nothing in the log dir: the run that started it owns the folder
+    return plumbing.check_run(
+        args,
+        SCRIPT,
+        same=("env_id", "num_envs", "num_steps"),
+        video=True,
+        step=batch_size,
+        lead=not args.compile_cache_only,
+    )
 
 
 def make_envs(args: Args, video_dir: str):
