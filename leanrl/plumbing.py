@@ -373,11 +373,12 @@ def pick_device(args) -> torch.device:
 CHECKPOINT_FORMAT = 2
 
 
-def save_checkpoint(path: str, script: str, args, **state) -> bool:
-    """`state` with the writing script's name and flags, written atomically (`write_atomically`)."""
+def save_checkpoint(path: str, script: str, args, **state):
+    """`state` with the writing script's name and flags, written atomically (`write_atomically`). Serialized in memory
+    first: a full disk is then an OSError of one write, not an error deep in torch's C++ writer."""
     buffer = io.BytesIO()
     torch.save(dict(script=script, format=CHECKPOINT_FORMAT, args=asdict(args), **state), buffer)
-    return write_atomically(path, buffer.getbuffer())
+    write_atomically(path, buffer.getbuffer())
 
 
 # the files a run could not write (a full disk): its exit code is 1 (Run.finish)

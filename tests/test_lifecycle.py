@@ -431,3 +431,19 @@ def test_more_threads_than_cores_is_said_in_one_line(tmp_path, capsys):
     plumbing.check_run(Args(num_threads=cores + 1, log_dir=str(tmp_path / "b")), "some_script")
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and f"--num-threads {cores + 1}" in lines[0] and f"{cores} cores" in lines[0], lines
+
+
+def test_check_memory_puts_the_stores_on_a_cuda_learner_against_the_gpu(capsys, monkeypatch):
+    """A CUDA learner (faked here: no GPU needed) holds the rollout on the GPU and the env pools on the host: 8 GiB of
+    rollout does not fit 4 GiB free on the GPU, however much the host has; 4 Atari envs fit the host."""
+    monkeypatch.setattr(plumbing, "available_memory", lambda: 64 * GIB)
+    monkeypatch.setattr(plumbing.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(plumbing.torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(plumbing.torch.cuda, "mem_get_info", lambda index: (4 * GIB, 80 * GIB))
+    args = Args(num_envs=4)
+    args.num_steps = 128
+    plumbing.check_memory(args, "atari", rollout=3 * GIB)
+    line = refused(capsys, lambda: plumbing.check_memory(args, "atari", rollout=8 * GIB))
+    assert "4.0 GiB is free on the GPU" in line and "--num-steps" in line
+    args.cuda = False  # --no-cuda: the same rollout on the host fits
+    plumbing.check_memory(args, "atari", rollout=8 * GIB)
