@@ -7,6 +7,7 @@ scripts' calls into it give the same behaviour end to end."""
 
 import json
 import os
+import socket
 import sys
 
 import pytest
@@ -278,7 +279,7 @@ def no_network(monkeypatch):
     def refuse(*args, **kwargs):
         raise OSError(101, "Network is unreachable")
 
-    monkeypatch.setattr(plumbing.socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
 
 
 def test_track_without_a_wandb_login_is_refused_before_any_work(no_wandb_login, tmp_path, capsys):
@@ -310,7 +311,7 @@ def test_track_offline_needs_no_login_and_no_network(no_wandb_login, tmp_path, c
     def connect(*args, **kwargs):
         raise AssertionError("an offline run reached for the network")
 
-    monkeypatch.setattr(plumbing.socket, "create_connection", connect)
+    monkeypatch.setattr(socket, "create_connection", connect)
     plumbing.check_run(Args(track=True, log_dir=str(tmp_path / "run")), "some_script")
     assert capsys.readouterr().err == ""
 
@@ -325,7 +326,7 @@ def test_the_network_probe_is_bounded(monkeypatch):
         never.wait(60)
         raise OSError(110, "Connection timed out")
 
-    monkeypatch.setattr(plumbing.socket, "create_connection", hang)
+    monkeypatch.setattr(socket, "create_connection", hang)
     try:
         assert plumbing.reachable("https://api.wandb.ai", timeout=0.5) is False
     finally:
@@ -340,7 +341,7 @@ GIB = 2**30
 @pytest.fixture
 def sixteen_gib(monkeypatch):
     """A machine with 16 GiB free and no CUDA device, whatever this one has."""
-    monkeypatch.setattr(plumbing, "available_memory", lambda: 16 * GIB)
+    monkeypatch.setattr(plumbing, "available_memory", lambda: 16 * GIB, raising=False)
     monkeypatch.setattr(plumbing.torch.cuda, "is_available", lambda: False)
 
 
