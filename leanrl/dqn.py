@@ -111,6 +111,9 @@ def check_args(args: Args) -> Optional[dict]:
     if args.cudagraphs and args.cuda and torch.cuda.is_available():
         plumbing.fail("--cudagraphs: dqn.py is the eager baseline; CUDA graphs need the units of dqn_torchcompile.py")
     plumbing.check_env_id(args.env_id, "classic", "dqn")
+    # the replay buffer: float32 observation and next observation, an int64 action, reward and done per transition
+    n_obs = plumbing.spaces(args.env_id)[0]
+    plumbing.check_memory(args, "classic", replay_buffer=args.buffer_size * (2 * n_obs * 4 + 16))
     return plumbing.check_run(args, SCRIPT, same=("env_id", "buffer_size"), video=True)
 
 

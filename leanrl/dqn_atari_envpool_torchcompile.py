@@ -121,6 +121,8 @@ def check_args(args: Args) -> Optional[dict]:
             f"--learning-starts {args.learning_starts} must be less than --total-timesteps {args.total_timesteps}"
         )
     plumbing.check_env_id(args.env_id, "atari", "dqn")
+    # the replay buffer: one uint8 84x84 frame, its age and action (int64), reward and done per transition
+    plumbing.check_memory(args, "atari", replay_buffer=args.buffer_size * (84 * 84 + 24))
     return plumbing.check_run(args, SCRIPT, same=("env_id", "buffer_size"), video=False)
 
 

@@ -121,6 +121,9 @@ def check_args(args: Args) -> Optional[dict]:
             f"--learning-starts {args.learning_starts} must be less than --total-timesteps {args.total_timesteps}"
         )
     plumbing.check_env_id(args.env_id, "classic", "dqn")
+    # the replay buffer: float32 observation and next observation, an int64 action, reward and done per transition
+    n_obs = plumbing.spaces(args.env_id)[0]
+    plumbing.check_memory(args, "classic", replay_buffer=args.buffer_size * (2 * n_obs * 4 + 16))
     return plumbing.check_run(args, SCRIPT, same=("env_id", "buffer_size"), video=True)
 
 

@@ -3,9 +3,12 @@
 - `parse_args`, `fail`: a user mistake ends the run with one line on stderr and exit code 2, never a traceback.
 - `positive`, `positive_finite`, `non_negative_finite`, `unit_interval`, `probability`, `require`: range rules.
 - `check_env_id`: an env id of the wrong family names the script that takes it.
-- `check_run`: the flags every script shares (seed, threads, burn-in, video, `--resume`, `--log-dir`), checked last.
+- `check_memory`: a run whose stores (rollout, replay buffer, env pools) will not fit in memory is refused.
+- `check_run`: the flags every script shares (seed, threads, burn-in, video, `--resume`, `--track`, `--log-dir`),
+  checked last.
 - `pick_device`: the learner's device; `--cudagraphs` without CUDA is dropped with one line.
-- `save_checkpoint` (atomic) and `load_checkpoint` (`weights_only`, refuses another script's file).
+- `save_checkpoint` and `write_atomically` (a full disk leaves no partial file), `load_checkpoint` (`weights_only`,
+  refuses another script's file).
 - `Episodes`: the returns of finished episodes, from the raw rewards.
 - `Run`: metrics.jsonl, summary.json, wandb (`--track`), the progress bar, steady-state fps, Ctrl-C and SIGTERM.
 
@@ -15,15 +18,20 @@ A script copied out of leanrl needs none of this: its algorithm and its tricks a
 import contextlib
 import importlib.util
 import io
+import itertools
 import json
 import math
+import netrc
 import os
 import platform
 import signal
+import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
 from collections import deque
 from dataclasses import asdict
 from typing import NoReturn, Optional
@@ -35,7 +43,12 @@ import tyro
 
 
 def fail(message: str) -> NoReturn:
-    """A user mistake: one line on stderr, exit code 2, no traceback."""
+    """A user mistake: one line on stderr, exit code 2, no traceback. Under torchrun every rank checks the same flags
+    and only rank 0 says what is wrong; the others wait for torchrun to stop them once rank 0 has exited (an early exit
+    of theirs would have torchrun kill rank 0 before its line), and exit 2 silently if it does not within a minute."""
+    if os.environ.get("RANK", "0") != "0":
+        time.sleep(60)
+        sys.exit(2)
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
 
@@ -138,11 +151,20 @@ def check_env_id(env_id: str, family: str, algo: str):
     fail(f"--env-id {env_id} is {FAMILIES[found]['name']}; {where} ({takes})")
 
 
-def check_run(args, script: str, same: tuple = ("env_id",), video: bool = False, lead: bool = True) -> Optional[dict]:
+# the files that make a folder a run's: a run never writes into a folder holding another run's
+RUN_FILES = ("metrics.jsonl", "summary.json", "agent.pt")
+
+
+def check_run(
+    args, script: str, same: tuple = ("env_id",), video: bool = False, lead: bool = True, step: int = 1
+) -> Optional[dict]:
     """The flags every script shares, after its own: seed, threads and burn-in ranges, `--capture-video` (`video`:
-    whether the script can record), `--resume` (a checkpoint of this script, trained with the same `same` flags) and,
-    last so that a bad flag never leaves a folder behind, `--log-dir` (default resolved into args, created, writable;
-    only by the process that writes there: `lead`). Returns the checkpoint to resume from, if any."""
+    whether the script can record), `--resume` (a checkpoint of this script, trained with the same `same` flags, with
+    at least `step` steps, the steps of one iteration, left to train), `--track` and, last so that a bad flag never
+    leaves a folder behind, `--log-dir` (default resolved into args and created under a name no other run has; a given
+    one must hold no other run unless `--resume` points into it; only by the process that writes there: `lead`).
+    Returns the checkpoint to resume from, if any. A warning (more threads than cores, wandb offline) comes last, once
+    every check has passed, so that a refused run says one line."""
     require(args, lambda v: 0 <= v < 2**31, "in [0, 2**31)", "seed")
     positive(args, "num_threads")
     require(args, lambda v: v >= 0, "non-negative", "measure_burnin")
@@ -151,15 +173,191 @@ def check_run(args, script: str, same: tuple = ("env_id",), video: bool = False,
     if args.capture_video and not all(importlib.util.find_spec(m) for m in ("moviepy", "pygame")):
         fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
     ckpt = load_checkpoint(args, script, same) if args.resume else None
-    args.log_dir = args.log_dir or f"runs/{args.env_id.replace('/', '-')}__{script}__{args.seed}__{int(time.time())}"
-    if not lead:
+    if ckpt is not None and args.total_timesteps - ckpt["global_step"] < step:
+        fail(
+            f"--resume {args.resume} is already at step {ckpt['global_step']:,} of --total-timesteps "
+            f"{args.total_timesteps:,}: nothing left to train; pass a larger --total-timesteps to go on"
+        )
+    warnings = [check_track(args)] if args.track and lead else []
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's ranks on this machine share its cores
+    if args.num_threads and args.num_threads * ranks > cores():
+        threads = f"--num-threads {args.num_threads}" + (f" x {ranks} ranks" if ranks > 1 else "")
+        warnings.append(
+            f"warning: {threads} is more than the {cores()} cores this process may use: the threads will wait on each "
+            f"other, often many times slower; use at most {max(1, cores() // ranks)}"
+        )
+    if not lead:  # a rank that writes nothing: rank 0 names and creates the folder
+        args.log_dir = args.log_dir or default_log_dir(args, script)
         return ckpt
+    if args.log_dir is not None:
+        check_log_dir(args)
     try:
+        args.log_dir = args.log_dir or new_folder(default_log_dir(args, script))
         os.makedirs(args.log_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=args.log_dir).close()
     except OSError as e:
-        fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
+        fail(f"--log-dir {args.log_dir or default_log_dir(args, script)}: cannot write there ({e.strerror or e})")
+    for line in filter(None, warnings):
+        print(line, file=sys.stderr)
     return ckpt
+
+
+def default_log_dir(args, script: str) -> str:
+    return f"runs/{args.env_id.replace('/', '-')}__{script}__{args.seed}__{int(time.time())}"
+
+
+def new_folder(path: str) -> str:
+    """`path`, or `path-2`, `path-3`, ...: the first that this call creates. Default names have a one-second
+    resolution; two runs started in the same second get a folder each (mkdir either creates or fails: no race)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    for n in itertools.count(1):
+        name = path if n == 1 else f"{path}-{n}"
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name)
+            return name
+
+
+def check_log_dir(args):
+    """A `--log-dir` that holds another run's files is refused (the runs' rows, checkpoints and summaries would mix),
+    unless `--resume` continues the run that is there."""
+    held = [name for name in RUN_FILES if os.path.exists(os.path.join(args.log_dir, name))]
+    if not held:
+        return
+    resume = getattr(args, "resume", None)  # a measuring tool (bench_env.py) has none
+    if resume and os.path.samefile(os.path.dirname(os.path.abspath(resume)), args.log_dir):
+        return
+    go_on = f", or continue it with --resume {os.path.join(args.log_dir, 'agent.pt')}" if "agent.pt" in held else ""
+    fail(f"--log-dir {args.log_dir} holds another run ({', '.join(held)}); pick a new folder{go_on}")
+
+
+# seconds --track waits for wandb's server to answer before it logs offline (wandb.init itself would wait 90 s, then
+# fail after the envs are built)
+WANDB_PROBE_S = 10.0
+
+
+def check_track(args) -> Optional[str]:
+    """`--track`: wandb installed and, unless WANDB_MODE is offline or disabled, logged in (WANDB_API_KEY, or a key
+    in the netrc file that `wandb login` writes) and its server reachable within WANDB_PROBE_S; a server that does not
+    answer switches wandb to offline mode. Returns the line that says so, if it did."""
+    if importlib.util.find_spec("wandb") is None:
+        fail("--track needs wandb: pip install wandb")
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
+        return None
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    if not wandb_login(host):
+        fail(
+            "--track needs a wandb login: run `wandb login` or set WANDB_API_KEY (or set WANDB_MODE=offline to log "
+            "into the log dir and `wandb sync` it later)"
+        )
+    if reachable(host, WANDB_PROBE_S):
+        return None
+    os.environ["WANDB_MODE"] = "offline"
+    return (
+        f"warning: --track: {urllib.parse.urlsplit(host).hostname} did not answer within {WANDB_PROBE_S:.0f} s: wandb "
+        "logs offline into the log dir's wandb/ folder; upload it later with `wandb sync`"
+    )
+
+
+def wandb_login(host: str) -> bool:
+    """Whether wandb has a key for `host` where it looks first: the environment, then the netrc file."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    try:
+        entry = netrc.netrc(path).authenticators(urllib.parse.urlsplit(host).netloc)
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(entry and entry[2])
+
+
+def reachable(url: str, timeout: float) -> bool:
+    """Whether a TCP connection to `url`'s host opens within `timeout` seconds. It runs in a thread that is given up at
+    the deadline: a name lookup takes no timeout and can hang on its own."""
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    opened = []
+
+    def connect():
+        with contextlib.suppress(OSError):
+            socket.create_connection((parts.hostname, port), timeout=timeout).close()
+            opened.append(True)
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(opened)
+
+
+# bytes one env of a family holds in its pool (emulator or physics state, frame stack, queues), measured with envpool
+# 1.2.5 and gymnasium 1.4 (Breakout-v5, HalfCheetah-v4, CartPole-v1) and rounded down: the estimate is a lower bound,
+# so a refused run is one that cannot fit
+ENV_BYTES = {"classic": 5_000, "atari": 1_200_000, "mujoco": 700_000}
+# the flags that size each store check_memory knows
+SIZED_BY = {"rollout": ("num_envs", "num_steps"), "replay_buffer": ("buffer_size",), "envs": ("num_envs",)}
+GIB = 2**30
+
+
+def spaces(env_id: str) -> tuple:
+    """(numbers in one observation, actions: their count if discrete, else their dimensions), from the env's spec
+    without building it (classic control: one gymnasium env, cheap)."""
+    import envpool
+    import gymnasium as gym
+
+    if env_family(env_id) == "classic":
+        env = gym.make(env_id)
+        obs, act = env.observation_space, env.action_space
+    else:
+        spec = envpool.make_spec(env_id)
+        obs, act = spec.observation_space, spec.action_space
+    return math.prod(obs.shape), int(act.n) if hasattr(act, "n") else math.prod(act.shape)
+
+
+def available_memory() -> Optional[int]:
+    """Bytes this process can still take: the kernel's MemAvailable plus free swap, capped by a container's limit
+    (cgroup v2); None where /proc/meminfo cannot be read (not Linux): no check there."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:2]}
+    except (OSError, ValueError):
+        return None
+    free = info.get("MemAvailable", 0) + info.get("SwapFree", 0)
+    with contextlib.suppress(OSError, ValueError):
+        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
+            limit = f.read().strip()
+            if limit != "max":
+                free = min(free, int(limit) - int(g.read()))
+    return free
+
+
+def check_memory(args, family: str, **stores: int):
+    """Refuse, before any work, a run that cannot fit in memory: `stores` are the bytes of its big stores on the
+    learner's device (`rollout`, `replay_buffer`: SIZED_BY names their flags), the env pools (`--num-envs` x
+    ENV_BYTES[family]) are on the host. Without this a run the machine cannot hold is killed by the kernel without a
+    word, or fails hours in, when its replay buffer fills. torchrun's ranks on one machine share its memory."""
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    host = dict(envs=args.num_envs * ENV_BYTES[family])
+    if args.cuda and torch.cuda.is_available():
+        index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        fits(args, stores, torch.cuda.mem_get_info(index)[0], "free on the GPU", 1)
+    else:
+        host.update(stores)
+    fits(args, host, available_memory(), "available", ranks)
+
+
+def fits(args, stores: dict, free: Optional[int], where: str, ranks: int):
+    """`stores` (name: bytes) x `ranks` within `free` bytes, else one line naming the flags of the big stores."""
+    need = sum(stores.values()) * ranks
+    if free is None or need <= free:
+        return
+    big = sorted((store for store in stores if stores[store] * ranks >= need / 20), key=stores.get, reverse=True)
+    flags = list(dict.fromkeys(name for store in big for name in SIZED_BY[store]))  # largest store's first, once each
+    parts = ", ".join(f"{store.replace('_', ' ')} {stores[store] / GIB:.1f} GiB" for store in big)
+    each = f" per rank, {ranks} ranks on this machine" if ranks > 1 else ""
+    sizes = " ".join(f"{flag(name)} {getattr(args, name)}" for name in flags)
+    fail(
+        f"{sizes}: this run needs about {need / GIB:.1f} GiB ({parts}{each}) and {free / GIB:.1f} GiB is {where}; "
+        f"lower {' or '.join(flag(name) for name in flags)}"
+    )
 
 
 def pick_device(args) -> torch.device:
@@ -176,10 +374,36 @@ CHECKPOINT_FORMAT = 2
 
 
 def save_checkpoint(path: str, script: str, args, **state):
-    """`state` with the writing script's name and flags, written atomically: a crash mid-write never leaves a
-    truncated file."""
-    torch.save(dict(script=script, format=CHECKPOINT_FORMAT, args=asdict(args), **state), path + ".tmp")
-    os.replace(path + ".tmp", path)
+    """`state` with the writing script's name and flags, written atomically (`write_atomically`). Serialized in memory
+    first: a full disk is then an OSError of one write, not an error deep in torch's C++ writer."""
+    buffer = io.BytesIO()
+    torch.save(dict(script=script, format=CHECKPOINT_FORMAT, args=asdict(args), **state), buffer)
+    write_atomically(path, buffer.getbuffer())
+
+
+# the files a run could not write (a full disk): its exit code is 1 (Run.finish)
+UNWRITTEN = []
+
+
+def write_atomically(path: str, data) -> bool:
+    """`data` (bytes) written to `path` through `path.tmp` and a rename: a reader sees the file before or the new one,
+    never part of one (a 0-byte summary.json read as a finished run). A failed write (a full disk) removes the
+    temporary file, says so in one line and returns False; the file before it is kept."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # a full disk may only show here, and a rename of unwritten data is no safer
+        os.replace(tmp, path)
+        return True
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        kept = "the one before it is kept" if os.path.exists(path) else "there is none"
+        print(f"error: could not write {path} ({e.strerror or e}); {kept}", file=sys.stderr)
+        UNWRITTEN.append(path)
+        return False
 
 
 def load_checkpoint(args, script: str, same: tuple = ("env_id",)) -> dict:
@@ -276,15 +500,26 @@ def machine_info(device: torch.device) -> dict:
 
 class StopFlag:
     """Ctrl-C or SIGTERM asks the loop to stop at its next log line, where the state is consistent and a checkpoint
-    can be saved. A second one stops at once (no checkpoint), and so does the first before anything was logged."""
+    can be saved. A second one stops at once (no checkpoint), and so does the first before anything was logged. Once
+    the loop is over (`finishing`), signals wait for the final writes: a checkpoint cut in half is a traceback, a
+    stale temporary file and no summary; exit code 130 after them."""
 
     def __init__(self):
         self.set = False
         self.logged = False
+        self.finishing = False
+        self.deferred = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
+        if self.finishing:
+            if not self.deferred:
+                print(
+                    "\nwriting the checkpoint and summary first; the run stops after them", file=sys.stderr, flush=True
+                )
+            self.deferred = True
+            return
         if not self.logged:
             print("\nstopped before the first log line: nothing to save", file=sys.stderr, flush=True)
             os._exit(130)
@@ -292,6 +527,33 @@ class StopFlag:
             raise KeyboardInterrupt
         self.set = True
         print("\nstopping at the next log line (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr, flush=True)
+
+
+def keep_rows_until(path: str, step: int):
+    """metrics.jsonl of a run resumed from a checkpoint at `step`, rewritten without the rows past it, which a run that
+    went on after the checkpoint and was then stopped uncleanly (SIGKILL, a second Ctrl-C) logged, nor a line such a
+    stop cut short: the resumed run logs those steps again, and global_step never goes back."""
+    with open(path) as f:
+        lines = f.read().splitlines(keepends=True)
+    kept = []
+    past = 0
+    for line in lines:
+        try:
+            row_step = json.loads(line)["global_step"] if line.endswith("\n") else None
+        except (ValueError, KeyError, TypeError):
+            row_step = None
+        if row_step is not None and row_step > step:
+            past += 1
+        elif row_step is not None:
+            kept.append(line)
+    if len(kept) == len(lines) or not write_atomically(path, "".join(kept).encode()):
+        return
+    cut = len(lines) - len(kept) - past
+    print(
+        f"{path}: dropped {past} rows logged past the checkpoint's step {step:,}"
+        + (f" and {cut} lines cut short" if cut else ""),
+        file=sys.stderr,
+    )
 
 
 class Run:
@@ -338,7 +600,10 @@ class Run:
         self.metrics = None
         self.start = self.last = time.perf_counter()
         if lead:
-            self.metrics = open(os.path.join(args.log_dir, "metrics.jsonl"), "a", buffering=1)
+            path = os.path.join(args.log_dir, "metrics.jsonl")
+            if start_step and os.path.exists(path):
+                keep_rows_until(path, start_step)
+            self.metrics = open(path, "a", buffering=1)
             if args.track:
                 import wandb
 
@@ -379,6 +644,7 @@ class Run:
         return self
 
     def __exit__(self, kind, exc, tb):
+        self.stop.finishing = True
         self.bar.close()
         if self.metrics:
             self.metrics.close()
@@ -422,7 +688,8 @@ class Run:
         return self.first_interval - statistics.median(self.steady_intervals)
 
     def finish(self, global_step: int, final_return: Optional[float], compile_time: Optional[float] = None, **extra):
-        """summary.json (and wandb's summary), one closing line on stderr; exit code 130 if the run was stopped."""
+        """summary.json (and wandb's summary), one closing line on stderr; exit code 1 if a final write failed, 130 if
+        the run was stopped."""
         if self.lead:
             summary = dict(
                 script=self.script,
@@ -440,8 +707,7 @@ class Run:
                 interrupted=self.stop.set,
                 **extra,
             )
-            with open(os.path.join(self.args.log_dir, "summary.json"), "w") as f:
-                json.dump(summary, f, indent=2)
+            write_atomically(os.path.join(self.args.log_dir, "summary.json"), json.dumps(summary, indent=2).encode())
             if self.wandb:
                 self.wandb.summary.update(summary)
                 self.wandb.finish()
@@ -450,5 +716,12 @@ class Run:
                 f"logs in {self.args.log_dir}",
                 file=sys.stderr,
             )
-        if self.stop.set:
-            sys.exit(130)
+        if self.exit_code:
+            sys.exit(self.exit_code)
+
+    @property
+    def exit_code(self) -> int:
+        """1 if a final write failed, 130 if a signal stopped the run or came during its final writes, else 0."""
+        if UNWRITTEN:
+            return 1
+        return 130 if self.stop.set or self.stop.deferred else 0

@@ -109,7 +109,9 @@ def check_args(args: Args) -> Optional[dict]:
     if args.cudagraphs and args.cuda and torch.cuda.is_available():
         plumbing.fail("--cudagraphs needs the units of leanrl/ppo_torchcompile.py; ppo.py is the eager baseline")
     plumbing.check_env_id(args.env_id, "classic", "ppo")
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), video=True)
+    # the rollout: float32 observations and five floats (action, log-prob, reward, done, value) per env step
+    plumbing.check_memory(args, "classic", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 5) * 4)
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), video=True, step=batch_size)
 
 
 def make_env(env_id, idx, capture_video, video_dir):

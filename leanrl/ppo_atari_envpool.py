@@ -114,7 +114,9 @@ def check_args(args: Args) -> Optional[dict]:
             "leanrl/ppo_atari_envpool_torchcompile.py"
         )
     plumbing.check_env_id(args.env_id, "atari", "ppo")
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"))
+    # the rollout: float32 frames and five floats (action, log-prob, reward, done, value) per env step
+    plumbing.check_memory(args, "atari", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 5) * 4)
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), step=batch_size)
 
 
 def make_envs(args: Args, seed: int):

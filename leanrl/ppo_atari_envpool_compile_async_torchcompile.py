@@ -163,7 +163,12 @@ def check_args(args: Args) -> Optional[dict]:
     if swap is not None and not (args.compile_async and swap >= 1):
         plumbing.fail(f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {swap}")
     plumbing.check_env_id(args.env_id, "atari", "ppo")
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"))
+    # the rollout: uint8 frames, an int64 action and four floats (log-prob, reward, done, value) per env step
+    plumbing.check_memory(args, "atari", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 24))
+    # the --compile-cache-only subprocess writes nothing in the log dir: the run that started it owns the folder
+    return plumbing.check_run(
+        args, SCRIPT, same=("env_id", "num_envs", "num_steps"), step=batch_size, lead=not args.compile_cache_only
+    )
 
 
 def pool_sizes(args: Args) -> list:
@@ -633,7 +638,7 @@ def main(args: Args):
             # the compile outlived the run: its thread cannot be stopped and shutting down under it aborts, so leave now
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(130 if run.stopping else 0)
+            os._exit(run.exit_code)
 
 
 if __name__ == "__main__":

@@ -161,12 +161,16 @@ def check_args(args: Args) -> Optional[dict]:
             "--target-kl reads the KL on the host after every epoch, which CUDA graphs exist to avoid; drop one"
         )
     plumbing.check_env_id(args.env_id, "atari", "ppo")
+    # the rollout: uint8 frames, an int64 action and four floats (log-prob, reward, done, value) per env step
+    plumbing.check_memory(args, "atari", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 24))
     same = ("env_id", "num_envs", "num_steps")
     # every rank resumes its own RNG and statistics: checked before check_run creates the log dir
     trained = plumbing.load_checkpoint(args, SCRIPT, same).get("world_size") if args.resume else world_size
     if trained != world_size:
         plumbing.fail(f"--resume {args.resume} was trained with {trained} ranks; launch {trained}")
-    return plumbing.check_run(args, SCRIPT, same=same, lead=os.environ.get("RANK", "0") == "0")
+    return plumbing.check_run(
+        args, SCRIPT, same=same, lead=os.environ.get("RANK", "0") == "0", step=batch_size * world_size
+    )
 
 
 class Dist:

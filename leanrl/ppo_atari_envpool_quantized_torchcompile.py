@@ -160,7 +160,9 @@ def check_args(args: Args) -> Optional[dict]:
             "--target-kl reads the KL on the host after every epoch, which CUDA graphs exist to avoid; drop one"
         )
     plumbing.check_env_id(args.env_id, "atari", "ppo")
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"))
+    # the rollout: uint8 frames, an int64 action and four floats (log-prob, reward, done, value) per env step
+    plumbing.check_memory(args, "atari", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 24))
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), step=batch_size)
 
 
 def pool_sizes(args: Args) -> list:

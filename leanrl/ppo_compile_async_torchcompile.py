@@ -159,7 +159,17 @@ def check_args(args: Args) -> Optional[dict]:
     if args.total_timesteps < batch_size:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     plumbing.check_env_id(args.env_id, "classic", "ppo")
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), video=True)
+    # the rollout: float32 observations and five floats (action, log-prob, reward, done, value) per env step
+    plumbing.check_memory(args, "classic", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 5) * 4)
+    # the --compile-cache-only subprocess writes nothing in the log dir: the run that started it owns the folder
+    return plumbing.check_run(
+        args,
+        SCRIPT,
+        same=("env_id", "num_envs", "num_steps"),
+        video=True,
+        step=batch_size,
+        lead=not args.compile_cache_only,
+    )
 
 
 def make_envs(args: Args, video_dir: str):
@@ -676,7 +686,7 @@ def main(args: Args):
             # the compile outlived the run: its thread cannot be stopped and shutting down under it aborts, so leave now
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(130 if run.stopping else 0)
+            os._exit(run.exit_code)
 
 
 if __name__ == "__main__":

@@ -116,7 +116,9 @@ def check_args(args: Args) -> Optional[dict]:
             "ppo_continuous_action.py is the eager baseline"
         )
     plumbing.check_env_id(args.env_id, "mujoco", "ppo")
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"))
+    # the rollout: float32 observations and actions, and four floats (log-prob, reward, done, value) per env step
+    plumbing.check_memory(args, "mujoco", rollout=batch_size * (sum(plumbing.spaces(args.env_id)) + 4) * 4)
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), step=batch_size)
 
 
 def make_envs(args: Args, seed: int):

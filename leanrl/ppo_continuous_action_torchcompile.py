@@ -137,7 +137,9 @@ def check_args(args: Args) -> Optional[dict]:
     if args.total_timesteps < batch_size:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     plumbing.check_env_id(args.env_id, "mujoco", "ppo")
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"))
+    # the rollout: float32 observations and actions, and four floats (log-prob, reward, done, value) per env step
+    plumbing.check_memory(args, "mujoco", rollout=batch_size * (sum(plumbing.spaces(args.env_id)) + 4) * 4)
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), step=batch_size)
 
 
 def env_step(envs, action: np.ndarray):

@@ -158,11 +158,15 @@ def check_args(args: Args) -> Optional[dict]:
             f"({batch_size} steps x {args.world_size} ranks)"
         )
     plumbing.check_env_id(args.env_id, "classic", "ppo")
+    # the rollout: float32 observations and five floats (action, log-prob, reward, done, value) per env step
+    plumbing.check_memory(args, "classic", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 5) * 4)
     if args.resume:  # every rank resumes its own envs: checked before check_run creates the log dir
         ranks = plumbing.load_checkpoint(args, SCRIPT, SAME)["world_size"]
         if ranks != args.world_size:
             plumbing.fail(f"--resume {args.resume} was trained with {ranks} ranks; launch {ranks}")
-    return plumbing.check_run(args, SCRIPT, same=SAME, video=True, lead=os.environ.get("RANK", "0") == "0")
+    return plumbing.check_run(
+        args, SCRIPT, same=SAME, video=True, lead=os.environ.get("RANK", "0") == "0", step=batch_size * args.world_size
+    )
 
 
 class Dist:

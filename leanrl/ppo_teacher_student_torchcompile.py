@@ -167,11 +167,15 @@ def check_args(args: Args) -> Optional[dict]:
     if args.total_timesteps < batch_size:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     plumbing.check_env_id(args.env_id, "classic", "ppo")
+    # the rollout: float32 observations and five floats (action, log-prob, reward, done, value) per env step
+    plumbing.check_memory(args, "classic", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 5) * 4)
     plumbing.positive(args, "student_hidden_dim", "student_hidden_depth", "teacher_hidden_dim", "teacher_hidden_depth")
     plumbing.positive(args, "eval_every", "eval_episodes")
     plumbing.positive_finite(args, "teacher_learning_rate")
     sizes = ("student_hidden_dim", "student_hidden_depth", "teacher_hidden_dim", "teacher_hidden_depth")
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps", *sizes), video=True)
+    return plumbing.check_run(
+        args, SCRIPT, same=("env_id", "num_envs", "num_steps", *sizes), video=True, step=batch_size
+    )
 
 
 def make_envs(args: Args, video_dir: str):

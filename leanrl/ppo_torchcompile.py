@@ -130,7 +130,9 @@ def check_args(args: Args) -> Optional[dict]:
     if args.total_timesteps < batch_size:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     plumbing.check_env_id(args.env_id, "classic", "ppo")
-    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), video=True)
+    # the rollout: float32 observations and five floats (action, log-prob, reward, done, value) per env step
+    plumbing.check_memory(args, "classic", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 5) * 4)
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), video=True, step=batch_size)
 
 
 def make_envs(args: Args, video_dir: str):

@@ -119,6 +119,9 @@ def check_args(args: Args) -> Optional[dict]:
             f"--learning-starts {args.learning_starts} leaves no update in --total-timesteps {args.total_timesteps}"
         )
     plumbing.check_env_id(args.env_id, "mujoco", "td3")
+    # the replay buffer: float32 observation and next observation, action, reward and done per transition
+    n_obs, n_actions = plumbing.spaces(args.env_id)
+    plumbing.check_memory(args, "mujoco", replay_buffer=args.buffer_size * (2 * n_obs + n_actions + 2) * 4)
     return plumbing.check_run(args, SCRIPT)
 
 

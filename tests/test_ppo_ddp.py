@@ -359,3 +359,15 @@ def test_resume_needs_the_same_world_size(tmp_path):
     assert not np.array_equal(ckpt["ranks"][0]["next_obs"], ckpt["ranks"][1]["next_obs"])  # own envs, own seeds
     proc = run_script(CLASSIC, *SMOKE, "--resume", str(first / "agent.pt"), log_dir=tmp_path / "second", check=False)
     assert_user_error(proc, "2 ranks")
+
+
+def test_a_user_mistake_under_torchrun_is_one_line_from_rank_0(tmp_path):
+    """Every rank checks its flags; only rank 0 says what is wrong, once. torchrun then reports the failed ranks in its
+    own words and exits 1 (its exit code for any failed rank: the script's 2 does not reach the shell)."""
+    log_dir = tmp_path / "run"
+    proc = torchrun(CLASSIC, 2, *SMOKE, "--gamma", "2", log_dir=log_dir).result(120, check=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: --gamma must be in (0, 1], got 2.0"], proc.stderr
+    assert proc.returncode == 1
+    assert "exitcode  : 2" in proc.stderr  # torchrun's report: a rank stopped with the script's code for a mistake
+    assert not log_dir.exists()

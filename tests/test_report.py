@@ -363,3 +363,38 @@ def test_run_sh_smoke(tmp_path):
     assert again.returncode == 0 and "seed" not in again.stderr, again.stderr
     bad = run_command(["bash", "run.sh", "nosuchfamily"], tmp_path / "bad", timeout=60, env=env)
     assert_user_error(bad, "unknown family")
+
+
+def test_a_damaged_run_is_skipped_with_a_warning_that_names_it(tmp_path):
+    """One run of a sweep damaged in each way a stopped or full machine leaves one: a half-written last metrics line, no
+    metrics.jsonl, a summary that is not JSON, a summary without the fields the table reads. Each is left out with a
+    line naming its folder, and the table is the one the sound runs give."""
+    runs = tmp_path / "runs"
+    for seed, fps in ((1, 100), (2, 300)):
+        fake_run(runs / "classic/01-baseline" / str(seed), "CartPole-v1", 1000, fps, 10.0)
+    damaged = {}
+    for seed in (3, 4, 5, 6):
+        damaged[seed] = runs / "classic/01-baseline" / str(seed)
+        fake_run(damaged[seed], "CartPole-v1", 1000, 10_000, 99.0)
+    with open(damaged[3] / "metrics.jsonl", "a") as f:
+        f.write('{"global_step": 1')
+    (damaged[4] / "metrics.jsonl").unlink()
+    (damaged[5] / "summary.json").write_text('{"script": "ppo", "fps": ')
+    (damaged[6] / "summary.json").write_text(json.dumps({"script": "ppo", "seed": 6}))
+    proc = report(runs, tmp_path / "doc")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 4, proc.stderr
+    for seed, line in zip((3, 4, 5, 6), warnings):
+        assert str(damaged[seed]) in line, line
+    lines = (tmp_path / "doc/fps_table.md").read_text().splitlines()
+    assert "| classic (CartPole-v1, 1,000) | 200 | 1.00x (`baseline`) |" in lines  # the median of 100 and 300
+
+
+def test_an_unwritable_out_is_refused_before_reading_the_runs(tmp_path):
+    """Checked first: an empty runs folder (refused too, but after) and an --out under a file name --out."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (tmp_path / "a_file").write_text("")
+    assert_user_error(report(runs, tmp_path / "a_file" / "doc"), "--out", "a_file")

@@ -321,18 +321,19 @@ def test_resume_continues(smoke, script, tmp_path):
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_checkpoint_keeps_the_finished_episodes(script, tmp_path):
     """The checkpoint holds the returns of the finished episodes (Hopper's end within a few dozen steps, HalfCheetah's
-    never in a smoke run) and --resume goes on from them: resumed with no step left, the final return is the saved
-    run's, the mean of the same last 20 episodes."""
+    never in a smoke run) and --resume goes on from them: resumed for one step (the env starts a new episode, which
+    cannot end in one step), the final return is the saved run's, the mean of the same last 20 episodes."""
     flags = ["--env-id", "Hopper-v4", "--total-timesteps", "300", *TINY[2:], "--save-model"]
     run_script(script, *flags, log_dir=tmp_path / "first")
     saved = torch.load(tmp_path / "first" / "agent.pt", weights_only=True)["episodes"]
     assert 0 < len(saved["finished"]) <= 20 and saved["ret"].shape == (1,)
     last = read_metrics(tmp_path / "first")[-1]["episodic_return"]
     assert last == saved["finished"].mean().item() == read_summary(tmp_path / "first")["final_return"]
+    flags[3] = "301"
     run_script(script, *flags, "--resume", str(tmp_path / "first" / "agent.pt"), log_dir=tmp_path / "resumed")
     summary = read_summary(tmp_path / "resumed")
-    assert summary["global_step"] == 300 and summary["final_return"] == last
-    assert read_metrics(tmp_path / "resumed") == []
+    assert summary["global_step"] == 301 and summary["final_return"] == last
+    assert [r["global_step"] for r in read_metrics(tmp_path / "resumed")] == [301]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -70,12 +70,15 @@ def check_args(args: Args):
             f"--total-timesteps {args.total_timesteps} is less than one iteration of "
             f"{args.num_envs * args.num_steps} steps (num_envs x num_steps)"
         )
-    args.log_dir = args.log_dir or f"runs/{args.env_id}__bench_env__{args.seed}__{int(time.time())}"
+    if args.log_dir is not None:
+        plumbing.check_log_dir(args)
+    default = f"runs/{args.env_id}__bench_env__{args.seed}__{int(time.time())}"
     try:
+        args.log_dir = args.log_dir or plumbing.new_folder(default)
         os.makedirs(args.log_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=args.log_dir).close()
     except OSError as e:
-        plumbing.fail(f"--log-dir {args.log_dir}: cannot write there ({e.strerror or e})")
+        plumbing.fail(f"--log-dir {args.log_dir or default}: cannot write there ({e.strerror or e})")
 
 
 def make_envs(args: Args):
@@ -180,8 +183,9 @@ def main(args: Args):
         final_return=None,
         compile_time=None,
     )
-    with open(os.path.join(args.log_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    data = json.dumps(summary, indent=2).encode()
+    if not plumbing.write_atomically(os.path.join(args.log_dir, "summary.json"), data):
+        sys.exit(1)  # a full disk: it said so, and run.sh must not take the run for a finished one
     print(f"{args.env_id} x {args.num_envs}, random actions: {fps or 0:,.0f} steps/s", file=sys.stderr)
 
 

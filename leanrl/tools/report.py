@@ -16,6 +16,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,20 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 THRESHOLDS = {"CartPole-v1": 475.0}  # the env's own "solved" return, where it has one
+# what the tables and plots read from each run's summary.json and metrics.jsonl rows
+SUMMARY_KEYS = {
+    "script",
+    "env_id",
+    "seed",
+    "total_timesteps",
+    "fps",
+    "final_return",
+    "cpu",
+    "gpu",
+    "torch",
+    "wall_time",
+}
+ROW_KEYS = {"global_step", "time", "episodic_return"}
 
 
 @dataclass
@@ -70,6 +85,30 @@ class Config:
         return [s["teacher_return"] for s, _ in self.runs if s.get("teacher_return") is not None]
 
 
+def read_run(seed_dir: Path):
+    """(summary, metrics rows) of a finished run; None, with a warning that names its folder, for a run whose files are
+    missing or damaged (a half-written line, a summary without the fields the report reads): one such run is left out,
+    the report goes on."""
+    try:
+        name = "summary.json"
+        summary = json.loads((seed_dir / name).read_text())
+        if not isinstance(summary, dict) or not SUMMARY_KEYS <= summary.keys():
+            raise ValueError(f"no {', '.join(sorted(SUMMARY_KEYS - set(summary)))}")
+        name = "metrics.jsonl"
+        rows = []
+        for number, line in enumerate((seed_dir / name).read_text().splitlines(), 1):
+            name = f"metrics.jsonl line {number}"
+            row = json.loads(line)
+            if not isinstance(row, dict) or not ROW_KEYS <= row.keys():
+                raise ValueError(f"no {', '.join(sorted(ROW_KEYS - set(row)))}")
+            rows.append(row)
+    except (OSError, ValueError, TypeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+        print(f"warning: skipping {seed_dir}: {name}: {reason}", file=sys.stderr)
+        return None
+    return summary, rows
+
+
 def load(runs: Path) -> dict:
     """{family: {configuration: Config}}, families in name order, configurations in prefix order."""
     data = {}
@@ -77,8 +116,7 @@ def load(runs: Path) -> dict:
         for config_dir in sorted(p for p in family_dir.iterdir() if p.is_dir()):
             found = []
             for seed_dir in sorted(p for p in config_dir.iterdir() if (p / "summary.json").exists()):
-                rows = [json.loads(line) for line in (seed_dir / "metrics.jsonl").read_text().splitlines()]
-                found.append((json.loads((seed_dir / "summary.json").read_text()), rows))
+                found += filter(None, [read_run(seed_dir)])
             skipped = config_dir / "SKIPPED"
             if found or skipped.exists():
                 reason = skipped.read_text().strip() if skipped.exists() and not found else ""
@@ -469,10 +507,14 @@ def main():
     args = plumbing.parse_args(Args)
     if not args.runs.is_dir():
         plumbing.fail(f"{args.runs} is not a folder: give the OUT folder of run.sh")
+    try:  # before the runs are read: a report that cannot be written is known at once
+        args.out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.out).close()
+    except OSError as e:
+        plumbing.fail(f"--out {args.out}: cannot write there ({e.strerror or e})")
     data = load(args.runs)
     if not any(cfg.runs for configs in data.values() for cfg in configs.values()):
         plumbing.fail(f"no finished runs under {args.runs} (expected <family>/<NN-configuration>/<seed>/summary.json)")
-    args.out.mkdir(parents=True, exist_ok=True)
     if args.learning:
         learning_report(args, data)
     else:

@@ -1,0 +1,452 @@
+"""A run's lifecycle, from its first check to its last write (leanrl/plumbing.py, issue 41 items 9-16): the log dir a
+run may write to, resuming (rows past the checkpoint, a finished run), the final writes (a full disk, a signal while
+they run), `--track` without a login or a network, and the memory and threads a run asks for.
+
+Most of it is tested in this process against plumbing directly; one script (ppo.py, at the smoke flags) shows that the
+scripts' calls into it give the same behaviour end to end."""
+
+import json
+import os
+import socket
+import sys
+
+import pytest
+import torch
+
+import plumbing
+from conftest import SMOKE, assert_user_error, load_script, read_metrics, run_command, run_script
+from test_plumbing import Args, refused
+
+CPU = torch.device("cpu")
+
+
+def files(folder) -> dict:
+    """{name: bytes} of every file in `folder`: what "untouched" compares."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+# --- 9. a --log-dir that holds another run -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "summary.json", "agent.pt"])
+def test_a_log_dir_holding_another_run_is_refused_and_left_untouched(name, tmp_path, capsys):
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    (log_dir / name).write_text("another run's\n")
+    line = refused(capsys, plumbing.check_run, Args(log_dir=str(log_dir)), "some_script")
+    assert "--log-dir" in line and "another run" in line and name in line, line
+    assert files(log_dir) == {name: b"another run's\n"}
+
+
+def test_a_log_dir_is_reused_when_resume_points_into_it(tmp_path):
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    (log_dir / "metrics.jsonl").write_text(json.dumps(dict(global_step=10)) + "\n")
+    plumbing.save_checkpoint(str(log_dir / "agent.pt"), "some_script", Args(), global_step=10)
+    args = Args(log_dir=str(log_dir), resume=str(log_dir / "agent.pt"))
+    assert plumbing.check_run(args, "some_script")["global_step"] == 10
+    # an empty folder (made beforehand, as run.sh and the tests do) holds no run
+    plumbing.check_run(Args(log_dir=str(tmp_path / "empty")), "some_script")
+
+
+def test_default_log_dirs_never_collide(tmp_path, monkeypatch):
+    """Two runs of one script and seed started in the same second get two folders, each created by its own run."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(plumbing.time, "time", lambda: 1767225600.0)
+    first, second = Args(seed=3), Args(seed=3)
+    plumbing.check_run(first, "some_script")
+    plumbing.check_run(second, "some_script")
+    assert first.log_dir != second.log_dir
+    for args in (first, second):
+        assert args.log_dir.startswith("runs/CartPole-v1__some_script__3__1767225600") and os.path.isdir(args.log_dir)
+
+
+# --- 10. rows past the checkpoint ----------------------------------------------------------------------------------
+
+
+def test_a_resumed_run_drops_the_rows_past_its_checkpoint(tmp_path, capsys):
+    """A run that logged up to step 60 after its checkpoint at 30, then died (SIGKILL, a second Ctrl-C), leaving half a
+    line: the run resumed from step 30 keeps rows 10-30 and goes on from there."""
+    rows = [dict(global_step=s, logged_by="first") for s in (10, 20, 30, 40, 50, 60)]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"global_step": 7')
+    run = plumbing.Run(Args(log_dir=str(tmp_path)), "some_script", CPU, total_steps=60, start_step=30)
+    with run:
+        for step in (40, 50):
+            run.log(step, steady=True, logged_by="resumed")
+    kept = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [(r["global_step"], r["logged_by"]) for r in kept] == [
+        (10, "first"),
+        (20, "first"),
+        (30, "first"),
+        (40, "resumed"),
+        (50, "resumed"),
+    ]
+    assert "dropped 3 rows" in capsys.readouterr().err
+
+
+# --- 9, 10, 11 end to end: ppo.py -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """ppo.py at the smoke flags with --save-model: 4 iterations, agent.pt at step 256, summary.json."""
+    log_dir = tmp_path_factory.mktemp("lifecycle") / "run"
+    run_script("ppo.py", *SMOKE, "--num-threads", "1", "--save-model", log_dir=log_dir, timeout=300)
+    return log_dir
+
+
+def test_a_script_refuses_a_reused_log_dir(finished_run, tmp_path):
+    before = files(finished_run)
+    proc = run_script("ppo.py", *SMOKE, "--num-threads", "1", log_dir=finished_run, check=False, timeout=120)
+    assert_user_error(proc, "--log-dir", "another run")
+    assert files(finished_run) == before
+
+
+def test_resuming_a_finished_run_is_refused_before_touching_it(finished_run):
+    """Its checkpoint is at the end of --total-timesteps: nothing to train, and its summary is kept as it was."""
+    before = files(finished_run)
+    resume = ["--resume", str(finished_run / "agent.pt")]
+    proc = run_script("ppo.py", *SMOKE, "--num-threads", "1", *resume, log_dir=finished_run, check=False, timeout=120)
+    assert_user_error(proc, "--resume", "already at step 256")
+    assert files(finished_run) == before
+
+
+def test_a_script_resumed_after_an_unclean_stop_never_rewinds_its_rows(finished_run, tmp_path):
+    """A resumed run that logged steps 320 and 384 and was killed before it saved leaves rows past agent.pt's step 256;
+    the next resume from that agent.pt drops them: global_step only goes up in metrics.jsonl."""
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    for name, data in files(finished_run).items():
+        (log_dir / name).write_bytes(data)
+    lost = [dict(global_step=s, iteration=i, lost=True) for s, i in ((320, 5), (384, 6))]
+    with open(log_dir / "metrics.jsonl", "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in lost))
+    flags = [*SMOKE[:4], "--total-timesteps", "512", "--num-threads", "1", "--resume", str(log_dir / "agent.pt")]
+    run_script("ppo.py", *flags, log_dir=log_dir, timeout=300)
+    rows = read_metrics(log_dir)
+    assert [r["global_step"] for r in rows] == [64, 128, 192, 256, 320, 384, 448, 512]
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8] and not any("lost" in r for r in rows)
+
+
+# --- 11. a finished run ---------------------------------------------------------------------------------------------
+
+
+def test_a_checkpoint_at_the_end_of_the_budget_is_refused(tmp_path, capsys):
+    """Off-policy: one step per env step, done at --total-timesteps; PPO: done when less than a batch is left."""
+    path = str(tmp_path / "agent.pt")
+    plumbing.save_checkpoint(path, "some_script", Args(), global_step=1000)
+    line = refused(capsys, plumbing.check_run, Args(resume=path, total_timesteps=1000), "some_script")
+    assert "--resume" in line and "already at step 1,000" in line and "--total-timesteps" in line
+    args = Args(resume=path, total_timesteps=1063)
+    line = refused(capsys, lambda: plumbing.check_run(args, "some_script", step=64))
+    assert "already at step 1,000" in line
+    log_dir = str(tmp_path / "run")
+    args = Args(resume=path, total_timesteps=1064, log_dir=log_dir)
+    assert plumbing.check_run(args, "some_script", step=64)["global_step"] == 1000
+    assert plumbing.check_run(Args(resume=path, total_timesteps=1001, log_dir=log_dir), "some_script") is not None
+
+
+def test_a_ppo_script_passes_its_batch_as_the_step(tmp_path, capsys, monkeypatch):
+    """ppo.py with a checkpoint at step 256 and --total-timesteps 300: 4 x 64 steps is every whole batch of 300."""
+    ppo = load_script("ppo")
+    path = str(tmp_path / "agent.pt")
+    plumbing.save_checkpoint(path, "ppo", ppo.Args(num_envs=1, num_steps=64), global_step=256, iteration=4)
+    argv = [*SMOKE[:4], "--total-timesteps", "300", "--resume", path, "--log-dir", str(tmp_path / "run")]
+    monkeypatch.setattr(sys, "argv", ["ppo.py", *argv])
+    line = refused(capsys, lambda: ppo.check_args(plumbing.parse_args(ppo.Args)))
+    assert "already at step 256" in line
+    assert not (tmp_path / "run").exists()
+
+
+# --- 12. a full disk at the final writes ----------------------------------------------------------------------------
+
+FINAL_WRITES = """
+import os, resource, sys
+sys.path.insert(0, "leanrl")
+import torch
+import plumbing
+from dataclasses import dataclass
+
+@dataclass
+class A:
+    log_dir: str
+    env_id: str = "CartPole-v1"
+    seed: int = 1
+    track: bool = False
+    compile: bool = False
+    total_timesteps: int = 100
+
+args = A(sys.argv[1])
+run = plumbing.Run(args, "s", torch.device("cpu"), total_steps=100)
+with run:
+    run.log(100, steady=True)
+limit = int(sys.argv[2])  # the bytes any file may have from here on: the writes past them fail as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+plumbing.save_checkpoint(os.path.join(args.log_dir, "agent.pt"), "s", args, weights=torch.zeros(10**4), global_step=100)
+run.finish(100, final_return=1.0, padding="x" * 4000)
+"""
+
+
+def test_a_failed_final_write_leaves_no_partial_file_and_says_so(tmp_path):
+    """The final checkpoint and summary.json written when files can no longer grow (RLIMIT_FSIZE: the kernel fails the
+    write, EFBIG, as it fails one on a full disk with ENOSPC). Each says in one line which file it could not write;
+    no partial file or temporary is left, the earlier agent.pt and summary.json are kept whole, exit code 1."""
+    (tmp_path / "agent.pt").write_bytes(b"the earlier checkpoint")
+    (tmp_path / "summary.json").write_text('{"earlier": true}')
+    proc = run_command([sys.executable, "-c", FINAL_WRITES, str(tmp_path), "3000"], tmp_path / "full", timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2, proc.stderr
+    for line, name in zip(errors, ("agent.pt", "summary.json")):
+        assert str(tmp_path / name) in line and os.strerror(27) in line, line  # EFBIG: "File too large"
+    assert sorted(os.listdir(tmp_path)) == ["agent.pt", "full.stderr", "full.stdout", "metrics.jsonl", "summary.json"]
+    assert (tmp_path / "agent.pt").read_bytes() == b"the earlier checkpoint"
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"earlier": True}
+
+
+def test_final_writes_are_whole_when_they_fit(tmp_path):
+    """The control: the same writes under a limit they fit in (the summary is about 5 kB, agent.pt about 42 kB)."""
+    proc = run_command([sys.executable, "-c", FINAL_WRITES, str(tmp_path), "65536"], tmp_path / "fits", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert torch.load(tmp_path / "agent.pt", weights_only=True)["global_step"] == 100
+    assert json.loads((tmp_path / "summary.json").read_text())["global_step"] == 100
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+# --- 13. a signal during the final writes ---------------------------------------------------------------------------
+
+SIGNAL_IN_SAVE = """
+import os, signal, sys
+sys.path.insert(0, "leanrl")
+import torch
+import plumbing
+from dataclasses import dataclass
+
+@dataclass
+class A:
+    log_dir: str
+    env_id: str = "CartPole-v1"
+    seed: int = 1
+    track: bool = False
+    compile: bool = False
+    total_timesteps: int = 100
+
+save = torch.save
+
+def save_while_signalled(*a, **kw):  # Ctrl-C twice (or SIGTERM twice) while the checkpoint is being written
+    os.kill(os.getpid(), getattr(signal, sys.argv[2]))
+    os.kill(os.getpid(), getattr(signal, sys.argv[2]))
+    save(*a, **kw)
+
+torch.save = save_while_signalled
+args = A(sys.argv[1])
+run = plumbing.Run(args, "s", torch.device("cpu"), total_steps=100)
+with run:
+    run.log(100, steady=True)
+plumbing.save_checkpoint(os.path.join(args.log_dir, "agent.pt"), "s", args, global_step=100)
+run.finish(100, final_return=1.0)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_signals_during_the_final_writes_wait_for_them(sig, tmp_path):
+    """The loop is over and the checkpoint is being written: two signals do not cut it (a KeyboardInterrupt inside
+    torch.save left a traceback, a stale agent.pt.tmp and no summary); the writes end whole, then exit code 130."""
+    proc = run_command([sys.executable, "-c", SIGNAL_IN_SAVE, str(tmp_path), sig], tmp_path / "sig", timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert torch.load(tmp_path / "agent.pt", weights_only=True)["global_step"] == 100
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["global_step"] == 100 and summary["interrupted"] is False  # the loop had finished its budget
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+# --- 15. --track ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_wandb_login(tmp_path, monkeypatch):
+    """No API key anywhere wandb looks: not in the environment, not in a netrc file."""
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+
+
+def no_network(monkeypatch):
+    """Every connection fails at once, as on this machine: the tests never wait on a network."""
+
+    def refuse(*args, **kwargs):
+        raise OSError(101, "Network is unreachable")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def test_track_without_a_wandb_login_is_refused_before_any_work(no_wandb_login, tmp_path, capsys):
+    log_dir = tmp_path / "run"
+    line = refused(capsys, plumbing.check_run, Args(track=True, log_dir=str(log_dir)), "some_script")
+    assert "--track" in line and "wandb login" in line and "WANDB_API_KEY" in line and "WANDB_MODE=offline" in line
+    assert not log_dir.exists()
+
+
+def test_track_with_a_key_and_no_network_logs_offline_and_says_so(no_wandb_login, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    no_network(monkeypatch)
+    plumbing.check_run(Args(track=True, log_dir=str(tmp_path / "run")), "some_script")
+    assert os.environ["WANDB_MODE"] == "offline"
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "api.wandb.ai" in lines[0] and "offline" in lines[0] and "wandb sync" in lines[0]
+
+
+def test_track_with_a_netrc_login_needs_no_key_in_the_environment(no_wandb_login, tmp_path, capsys, monkeypatch):
+    (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "x" * 40 + "\n")
+    no_network(monkeypatch)
+    plumbing.check_run(Args(track=True, log_dir=str(tmp_path / "run")), "some_script")
+    assert os.environ["WANDB_MODE"] == "offline"
+
+
+def test_track_offline_needs_no_login_and_no_network(no_wandb_login, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+
+    def connect(*args, **kwargs):
+        raise AssertionError("an offline run reached for the network")
+
+    monkeypatch.setattr(socket, "create_connection", connect)
+    plumbing.check_run(Args(track=True, log_dir=str(tmp_path / "run")), "some_script")
+    assert capsys.readouterr().err == ""
+
+
+def test_the_network_probe_is_bounded(monkeypatch):
+    """A connection that never answers (a black-holed route) is given up after the bound, not wandb's 90 s."""
+    import threading
+
+    never = threading.Event()
+
+    def hang(*args, **kwargs):
+        never.wait(60)
+        raise OSError(110, "Connection timed out")
+
+    monkeypatch.setattr(socket, "create_connection", hang)
+    try:
+        assert plumbing.reachable("https://api.wandb.ai", timeout=0.5) is False
+    finally:
+        never.set()  # lets the probe's thread end
+
+
+# --- 16. memory and threads -----------------------------------------------------------------------------------------
+
+GIB = 2**30
+
+
+@pytest.fixture
+def sixteen_gib(monkeypatch):
+    """A machine with 16 GiB free and no CUDA device, whatever this one has."""
+    monkeypatch.setattr(plumbing, "available_memory", lambda: 16 * GIB, raising=False)
+    monkeypatch.setattr(plumbing.torch.cuda, "is_available", lambda: False)
+
+
+def script_check(name, argv, tmp_path, monkeypatch):
+    module = load_script(name)
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--log-dir", str(tmp_path / name), *argv])
+    return lambda: module.check_args(plumbing.parse_args(module.Args))
+
+
+@pytest.mark.parametrize(
+    "name,argv,flags",
+    [
+        (
+            "ppo_atari_envpool",
+            ["--num-envs", "100000", "--num-steps", "8", "--total-timesteps", "800000"],
+            ["--num-envs"],
+        ),
+        (
+            "ppo_atari_envpool_torchcompile",
+            ["--num-envs", "100000", "--num-steps", "8", "--total-timesteps", "800000"],
+            ["--num-envs"],
+        ),
+        (
+            "ppo_atari_envpool_ddp_torchcompile",
+            ["--num-envs", "100000", "--num-steps", "8", "--total-timesteps", "800000"],
+            ["--num-envs"],
+        ),
+        ("ppo_torchcompile", ["--num-steps", "200000000", "--total-timesteps", "800000000"], ["--num-steps"]),
+        (
+            "ppo_continuous_action",
+            ["--num-envs", "100000", "--num-steps", "8", "--total-timesteps", "800000"],
+            ["--num-envs"],
+        ),
+        ("sac_continuous_action", ["--buffer-size", "1000000000"], ["--buffer-size"]),
+        ("sac_continuous_action_torchcompile", ["--buffer-size", "1000000000"], ["--buffer-size"]),
+        ("td3_continuous_action", ["--buffer-size", "1000000000"], ["--buffer-size"]),
+        ("dqn_torchcompile", ["--buffer-size", "1000000000"], ["--buffer-size"]),
+        ("dqn_atari_envpool", ["--buffer-size", "3000000"], ["--buffer-size"]),
+    ],
+)
+def test_a_run_that_cannot_fit_in_memory_is_refused_before_any_work(
+    name, argv, flags, sixteen_gib, tmp_path, capsys, monkeypatch
+):
+    line = refused(capsys, script_check(name, argv, tmp_path, monkeypatch))
+    assert "GiB" in line and "16.0 GiB" in line, line
+    for flag in flags:
+        assert flag in line, line
+    assert not (tmp_path / name).exists()
+
+
+@pytest.mark.parametrize("name", ["ppo_atari_envpool_torchcompile", "sac_continuous_action", "dqn_atari_envpool"])
+def test_the_defaults_fit_in_sixteen_gib(name, sixteen_gib, tmp_path, capsys, monkeypatch):
+    """The control: a default run (Atari DQN's 1M-frame buffer is 7.1 GB) is not refused on such a machine."""
+    script_check(name, [], tmp_path, monkeypatch)()
+
+
+def test_the_estimate_covers_the_replay_buffer_a_script_allocates(monkeypatch):
+    """The estimate against an independent reference: the bytes of the buffer the script itself builds."""
+    needs = {}
+    monkeypatch.setattr(plumbing, "check_memory", lambda args, family, **stores: needs.update(stores))
+    monkeypatch.setattr(plumbing, "check_run", lambda *args, **kwargs: None)
+    for name, n_obs, n_actions in (("sac_continuous_action", 17, 6), ("td3_continuous_action_torchcompile", 17, 6)):
+        module = load_script(name)
+        module.check_args(module.Args(buffer_size=1000, env_id="HalfCheetah-v4", log_dir=None))
+        rb = module.ReplayBuffer(1000, n_obs, n_actions, CPU)
+        tensors = [t for t in rb.__dict__.values() if isinstance(t, torch.Tensor)] + list(rb.data.values())
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}  # views once
+        allocated = sum(storages.values())
+        assert allocated <= needs["replay_buffer"] <= 1.2 * allocated, (name, allocated, needs)
+
+
+def test_check_memory_counts_the_ranks_on_this_machine(capsys, monkeypatch):
+    """torchrun's ranks share the host's memory: 3 GiB per rank fits 8 GiB alone, not with 4 ranks."""
+    monkeypatch.setattr(plumbing, "available_memory", lambda: 8 * GIB)
+    monkeypatch.setattr(plumbing.torch.cuda, "is_available", lambda: False)
+    args = Args(num_envs=1)
+    args.num_steps = 1000
+    plumbing.check_memory(args, "classic", rollout=3 * GIB)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    line = refused(capsys, lambda: plumbing.check_memory(args, "classic", rollout=3 * GIB))
+    assert "4 ranks" in line and "--num-envs" in line and "--num-steps" in line
+
+
+def test_more_threads_than_cores_is_said_in_one_line(tmp_path, capsys):
+    cores = plumbing.cores()
+    plumbing.check_run(Args(num_threads=cores, log_dir=str(tmp_path / "a")), "some_script")
+    assert capsys.readouterr().err == ""
+    plumbing.check_run(Args(num_threads=cores + 1, log_dir=str(tmp_path / "b")), "some_script")
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"--num-threads {cores + 1}" in lines[0] and f"{cores} cores" in lines[0], lines
+
+
+def test_check_memory_puts_the_stores_on_a_cuda_learner_against_the_gpu(capsys, monkeypatch):
+    """A CUDA learner (faked here: no GPU needed) holds the rollout on the GPU and the env pools on the host: 8 GiB of
+    rollout does not fit 4 GiB free on the GPU, however much the host has; 4 Atari envs fit the host."""
+    monkeypatch.setattr(plumbing, "available_memory", lambda: 64 * GIB)
+    monkeypatch.setattr(plumbing.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(plumbing.torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(plumbing.torch.cuda, "mem_get_info", lambda index: (4 * GIB, 80 * GIB))
+    args = Args(num_envs=4)
+    args.num_steps = 128
+    plumbing.check_memory(args, "atari", rollout=3 * GIB)
+    line = refused(capsys, lambda: plumbing.check_memory(args, "atari", rollout=8 * GIB))
+    assert "4.0 GiB is free on the GPU" in line and "--num-steps" in line
+    args.cuda = False  # --no-cuda: the same rollout on the host fits
+    plumbing.check_memory(args, "atari", rollout=8 * GIB)
