@@ -55,7 +55,8 @@ SCRIPT = plumbing.script_name(__file__)
 @dataclass
 class Args:
     exp_name: str = SCRIPT
-    """the name of this experiment"""
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -107,7 +108,8 @@ class Args:
     """the target KL divergence threshold"""
 
     compile: bool = False
-    """if toggled, wrap the policy, gae and update units in torch.compile"""
+    """if toggled, wrap the units in torch.compile: `update`, and on CUDA `evaluate`, `get_value` and the policy
+    step when it acts there (--no-host-actor); `gae` runs in numpy, with nothing to compile"""
     compile_async: bool = False
     """with --compile: train eagerly while the units compile in the background, then swap them in at an iteration
     boundary (summary.json: compile_time, swap_iteration, time_to_compiled)"""

@@ -54,7 +54,8 @@ SCRIPT = plumbing.script_name(__file__)
 @dataclass
 class Args:
     exp_name: str = SCRIPT
-    """the name of this experiment"""
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -124,7 +125,8 @@ class Args:
     """structural removes the neurons (smaller dense layers); mask zeroes them and keeps the shapes (comparison)"""
 
     compile: bool = False
-    """if toggled, wrap the policy, gae and update units in torch.compile"""
+    """if toggled, wrap the units in torch.compile: `update`, and on CUDA `evaluate`, `get_value` and the policy
+    step when it acts there (--no-host-actor); `gae` runs in numpy, with nothing to compile"""
     cudagraphs: bool = False
     """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     host_actor: bool = True
