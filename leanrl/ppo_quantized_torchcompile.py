@@ -8,7 +8,9 @@ The trick, in the functions that hold it (doc/quantized.md measures it):
 - `Requantizer`: the copy is rebuilt from the trained fp32 weights every --quant-every iterations (--quant-async: in
   a background thread, acting from the next iteration).
 - `behaviour_logprob`: the stored log-probabilities are the int8 copy's, so the update's ratio (the fp32 agent is
-  trained) is a true importance ratio.
+  trained) is a true importance ratio. GAE and the value clip take the values of the fp32 critic the update trains (the
+  base's batched `evaluate`), not an int8 critic's (off by more than the clip's width once CartPole is solved;
+  doc/quantized.md).
 - `mlp`: --hidden-dim / --hidden-depth widen the MLP, where int8 can pay.
 
 The algorithm, network and defaults of ppo.py (CleanRL's). The base's tricks, each in the function that holds it
