@@ -116,8 +116,8 @@ family() {  # family baseline torchcompile [quantized pruned ddp compile_async]:
     if [ "$CUDA" = 1 ]; then run "$f" 04-compile-cudagraphs "$seed" python "$tc" --compile --cudagraphs; fi
     if [ "$f" = atari ] && [ "$BF16" = 1 ]; then run "$f" 05-bf16 "$seed" python "$tc" $COMPILE --bf16; fi
     if [ -n "$quant" ]; then run "$f" 06-quantized "$seed" python "$quant" $COMPILE; fi
-    # pruned once, before the first iteration: the default schedules (CartPole: iterations 10-18; Breakout: 150-230)
-    # would leave the short budgets timing the wide network first
+    # pruned once, before the first iteration (CartPole's default; Breakout's steps at iterations 150-230 would leave
+    # the short budgets timing the wide network first)
     if [ -n "$pruned" ]; then
       run "$f" 07-pruned "$seed" python "$pruned" $COMPILE --prune-ratio 0.5 --prune-start 1 --prune-steps 1
     fi

@@ -27,7 +27,8 @@ SCRIPT = plumbing.script_name(__file__)
 @dataclass
 class Args:
     exp_name: str = SCRIPT
-    """the name of this experiment"""
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -60,7 +61,7 @@ class Args:
     target_network_frequency: int = 500
     """the timesteps it takes to update the target network"""
     batch_size: int = 128
-    """the batch size of sample from the reply memory"""
+    """the batch size of sample from the replay memory"""
     start_e: float = 1.0
     """the starting epsilon for exploration"""
     end_e: float = 0.05
@@ -73,9 +74,11 @@ class Args:
     """the frequency of training"""
 
     compile: bool = False
-    """if toggled, wrap the Q-network in torch.compile (the naive one-liner; see dqn_torchcompile.py)"""
+    """if toggled, wrap the Q-network and the target network in torch.compile (the naive one-liner; see
+    dqn_torchcompile.py)"""
     cudagraphs: bool = False
-    """CUDA graphs need the act/update/target units of dqn_torchcompile.py; ignored here without CUDA"""
+    """not in this eager baseline: CUDA graphs need the act/update/target units of dqn_torchcompile.py (refused
+    on CUDA, ignored without)"""
     measure_burnin: int = 1000
     """env steps after learning_starts left out of the steady-state fps (compilation and warm-up happen there)"""
     log_every: int = 1000

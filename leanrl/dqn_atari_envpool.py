@@ -27,7 +27,8 @@ SCRIPT = plumbing.script_name(__file__)
 @dataclass
 class Args:
     exp_name: str = SCRIPT
-    """the name of this experiment"""
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -41,7 +42,8 @@ class Args:
     wandb_entity: Optional[str] = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """not supported with envpool (it renders no frames); the flag is accepted so every script takes it"""
+    """not supported with envpool (it renders no frames): refused with one line (the flag exists so that every
+    script takes the same flags)"""
 
     env_id: str = "Breakout-v5"
     """the id of the environment (an envpool Atari game)"""
@@ -60,7 +62,7 @@ class Args:
     target_network_frequency: int = 1000
     """the timesteps it takes to update the target network"""
     batch_size: int = 32
-    """the batch size of sample from the reply memory"""
+    """the batch size of sample from the replay memory"""
     start_e: float = 1.0
     """the starting epsilon for exploration"""
     end_e: float = 0.01
@@ -73,9 +75,11 @@ class Args:
     """the frequency of training"""
 
     compile: bool = False
-    """if toggled, wrap the Q-network in torch.compile (the naive one-liner; see dqn_torchcompile.py)"""
+    """if toggled, wrap the Q-network and the target network in torch.compile (the naive one-liner; see
+    dqn_atari_envpool_torchcompile.py)"""
     cudagraphs: bool = False
-    """CUDA graphs need the act/update/target units of dqn_torchcompile.py; ignored here without CUDA"""
+    """not in this eager baseline: CUDA graphs need the act/update/target units of
+    dqn_atari_envpool_torchcompile.py (refused on CUDA, ignored without)"""
     measure_burnin: int = 1000
     """env steps after learning_starts left out of the steady-state fps (compilation and warm-up happen there)"""
     log_every: int = 1000
@@ -85,7 +89,9 @@ class Args:
     save_model: bool = False
     """if toggled, save the networks and optimizer to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
     resume: Optional[str] = None
-    """path of an agent.pt written by --save-model: continue that run from where it stopped"""
+    """path of an agent.pt written by --save-model: continue that run (the buffer is not saved: it refills for
+    --learning-starts steps, acting with the restored policy, before the updates go on; envpool cannot snapshot a
+    game: the one in flight is lost)"""
     num_threads: Optional[int] = None
     """torch intra-op threads (default: torch's own, as in CleanRL: the baseline is measured as its users run it)"""
 

@@ -37,7 +37,8 @@ SCRIPT = plumbing.script_name(__file__)
 @dataclass
 class Args:
     exp_name: str = SCRIPT
-    """the name of this experiment"""
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -51,7 +52,8 @@ class Args:
     wandb_entity: Optional[str] = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """not supported with envpool (it renders no frames); the flag is accepted so every script takes it"""
+    """not supported with envpool (it renders no frames): refused with one line (the flag exists so that every
+    script takes the same flags)"""
 
     env_id: str = "Breakout-v5"
     """the id of the environment (an envpool Atari game)"""
@@ -70,7 +72,7 @@ class Args:
     target_network_frequency: int = 1000
     """the timesteps it takes to update the target network"""
     batch_size: int = 32
-    """the batch size of sample from the reply memory"""
+    """the batch size of sample from the replay memory"""
     start_e: float = 1.0
     """the starting epsilon for exploration"""
     end_e: float = 0.01
@@ -95,7 +97,9 @@ class Args:
     save_model: bool = False
     """if toggled, save the networks and optimizer to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
     resume: Optional[str] = None
-    """path of an agent.pt written by --save-model: continue that run from where it stopped"""
+    """path of an agent.pt written by --save-model: continue that run (the buffer is not saved: it refills for
+    --learning-starts steps, acting with the restored policy, before the updates go on; envpool cannot snapshot a
+    game: the one in flight is lost)"""
     num_threads: int = plumbing.cores()
     """torch intra-op threads (default: every core the process may use: the batch-32 convolution updates use them all;
     on an idle 2-core EPYC, --compile stepped at 114 steps/s on two threads, 74 on one; on a busy machine pass 1 or

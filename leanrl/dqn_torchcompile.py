@@ -37,7 +37,8 @@ SCRIPT = plumbing.script_name(__file__)
 @dataclass
 class Args:
     exp_name: str = SCRIPT
-    """the name of this experiment"""
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -70,7 +71,7 @@ class Args:
     target_network_frequency: int = 500
     """the timesteps it takes to update the target network"""
     batch_size: int = 128
-    """the batch size of sample from the reply memory"""
+    """the batch size of sample from the replay memory"""
     start_e: float = 1.0
     """the starting epsilon for exploration"""
     end_e: float = 0.05
@@ -83,7 +84,8 @@ class Args:
     """the frequency of training"""
 
     compile: bool = False
-    """if toggled, wrap the act, update and target units in torch.compile"""
+    """if toggled, wrap the update and target units in torch.compile, and the act unit on CUDA (on a CPU it acts
+    eagerly or in numpy: at one observation a compiled call costs more than it saves)"""
     cudagraphs: bool = False
     """if toggled, wrap the act, update and target units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     numpy_act: bool = True

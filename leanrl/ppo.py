@@ -25,7 +25,8 @@ SCRIPT = plumbing.script_name(__file__)
 @dataclass
 class Args:
     exp_name: str = SCRIPT
-    """the name of this experiment"""
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -79,7 +80,8 @@ class Args:
     compile: bool = False
     """if toggled, wrap the agent's methods in torch.compile (the naive one-liner; see ppo_torchcompile.py)"""
     cudagraphs: bool = False
-    """CUDA graphs need the rollout/gae/update units of ppo_torchcompile.py; ignored here without CUDA"""
+    """not in this eager baseline: CUDA graphs need the units of ppo_torchcompile.py (refused on CUDA,
+    ignored without)"""
     measure_burnin: int = 3
     """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
     log_dir: Optional[str] = None

@@ -26,7 +26,8 @@ SCRIPT = plumbing.script_name(__file__)
 @dataclass
 class Args:
     exp_name: str = SCRIPT
-    """the name of this experiment"""
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -40,7 +41,8 @@ class Args:
     wandb_entity: Optional[str] = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """not supported with envpool (it renders no frames); the flag is accepted so every script takes it"""
+    """not supported with envpool (it renders no frames): refused with one line (the flag exists so that every
+    script takes the same flags)"""
 
     env_id: str = "Breakout-v5"
     """the id of the environment (an envpool Atari game)"""
@@ -80,7 +82,8 @@ class Args:
     compile: bool = False
     """if toggled, wrap the agent's methods in torch.compile (the naive one-liner; see the _torchcompile script)"""
     cudagraphs: bool = False
-    """CUDA graphs need the rollout/gae/update units of ppo_atari_envpool_torchcompile.py; ignored without CUDA"""
+    """not in this eager baseline: CUDA graphs need the units of ppo_atari_envpool_torchcompile.py (refused on CUDA,
+    ignored without)"""
     measure_burnin: int = 3
     """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
     log_dir: Optional[str] = None

@@ -15,12 +15,17 @@ The algorithm, network and defaults of ppo_atari_envpool.py (CleanRL's). Its tri
 - `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs);
   lr is a tensor changed in place (no recompilation).
 
-The trick, `--compile-async`: training starts at once, eagerly, while the units compile off the critical path
-(`fill_compile_cache`: a subprocess fills Inductor's on-disk cache; `compile_in_background`: a thread then compiles
-from it and warms the units up; the policy holds no random op, so that draws nothing from the loop's stream); at an
-iteration boundary the training state is copied into the compiled units (`load_units`), which changes no result.
-It pays when a run is short against a cold-cache compile; doc/compile.md shows that a warm
-Inductor cache is what makes the compile cost nearly nothing, and plain --compile the fastest run.
+The one trick of this script, `--compile-async` (it pays when a run is short against a cold-cache compile;
+doc/compile.md shows that a warm Inductor cache makes the compile cost nearly nothing, and plain --compile fastest):
+
+- `fill_compile_cache`: a subprocess (this command with --compile-cache-only) fills Inductor's on-disk cache off the
+  training loop's GIL and core.
+- `compile_in_background`, `compile_units`, `warm_up`: a thread then compiles the units from that cache around a twin
+  of the learner (its own copy of the agent, optimizer and lr) and makes their first calls, while the loop trains with
+  the eager units; the thread touches nothing the loop uses (the policy holds no random op: it draws nothing from the
+  loop's stream).
+- `load_units`, `main`'s loop: at an iteration boundary the training state is copied into the twin, whose compiled
+  units take over; the result is unchanged.
 
     python leanrl/ppo_atari_envpool_compile_async_torchcompile.py --compile --compile-async
 """
@@ -52,7 +57,8 @@ SCRIPT = plumbing.script_name(__file__)
 @dataclass
 class Args:
     exp_name: str = SCRIPT
-    """the name of this experiment"""
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -66,7 +72,8 @@ class Args:
     wandb_entity: Optional[str] = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """not supported with envpool (it renders no frames); the flag is accepted so every script takes it"""
+    """not supported with envpool (it renders no frames): refused with one line (the flag exists so that every
+    script takes the same flags)"""
 
     env_id: str = "Breakout-v5"
     """the id of the environment (an envpool Atari game)"""

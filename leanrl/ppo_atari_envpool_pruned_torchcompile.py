@@ -54,7 +54,8 @@ SCRIPT = plumbing.script_name(__file__)
 @dataclass
 class Args:
     exp_name: str = SCRIPT
-    """the name of this experiment"""
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -68,7 +69,8 @@ class Args:
     wandb_entity: Optional[str] = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """not supported with envpool (it renders no frames); the flag is accepted so every script takes it"""
+    """not supported with envpool (it renders no frames): refused with one line (the flag exists so that every
+    script takes the same flags)"""
 
     env_id: str = "Breakout-v5"
     """the id of the environment (an envpool Atari game)"""
@@ -141,7 +143,8 @@ class Args:
     prune_importance: Literal["magnitude", "random"] = "magnitude"
     """which channels go: those whose group of weights has the smallest L2 norm, or random ones (the control)"""
     prune_mode: Literal["structural", "mask"] = "structural"
-    """structural removes the channels (smaller dense layers); mask zeroes them and keeps the shapes (comparison)"""
+    """structural removes the channels (smaller convolutions and dense layers); mask zeroes them and keeps the shapes
+    (comparison)"""
 
 
 def check_args(args: Args) -> Optional[dict]:

@@ -9,6 +9,9 @@ ppo_atari_envpool_torchcompile.py plus one trick, in the functions that hold it 
 - `Requantizer`: the copy is rebuilt from the fp32 weights every `--quant-every` iterations (`--quant-async`: in a
   background thread, acting from the next iteration); the update trains the fp32 agent on the copy's log-probs (a true
   importance ratio).
+- `rollout_values`: GAE and the value clip take the values of the fp32 critic the update trains, one batched call over
+  the rollout, not the copy's (on a Breakout agent at 150k steps they moved the normalized advantages by 8% RMS,
+  doc/quantized.md); the base's `gae` unit bootstraps from the fp32 critic too.
 
 The algorithm, network and defaults of ppo_atari_envpool.py (CleanRL's). The base's tricks, each in the function that
 holds it (doc/atari.md measures each):
@@ -56,7 +59,8 @@ SCRIPT = plumbing.script_name(__file__)
 @dataclass
 class Args:
     exp_name: str = SCRIPT
-    """the name of this experiment"""
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -70,7 +74,8 @@ class Args:
     wandb_entity: Optional[str] = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """not supported with envpool (it renders no frames); the flag is accepted so every script takes it"""
+    """not supported with envpool (it renders no frames): refused with one line (the flag exists so that every
+    script takes the same flags)"""
 
     env_id: str = "Breakout-v5"
     """the id of the environment (an envpool Atari game)"""
@@ -108,9 +113,11 @@ class Args:
     """the target KL divergence threshold"""
 
     compile: bool = False
-    """if toggled, wrap policy, gae and update in torch.compile"""
+    """if toggled, wrap the rollout's fp32 values, gae and update in torch.compile, and the low-precision policy step on
+    CUDA (on a CPU it stays eager: the int8 modules run prepacked kernels)"""
     cudagraphs: bool = False
-    """if toggled, wrap policy, gae and update in tensordict's CudaGraphModule (CUDA only; ignored on CPU)"""
+    """if toggled, wrap the rollout's fp32 values, gae and update in tensordict's CudaGraphModule (CUDA only; ignored on
+    CPU); the low-precision policy stays out: each rebuild makes new tensors, and a graph replays those it captured"""
     bf16: bool = False
     """run the CNN trunk under bfloat16 autocast where the hardware has native bf16 (AVX512-BF16/AMX CPUs, CUDA):
     ~1.5x faster on a 2-core CPU, but on Breakout it learned slower at 200k steps (doc/atari.md), so it is opt-in"""
@@ -369,6 +376,13 @@ class Requantizer:
             self.pool.shutdown(cancel_futures=True)
 
 
+def rollout_values(agent: Agent, obs):
+    """The values of a rollout's frames [steps, envs, ...] by the fp32 critic, the one the update trains, in one
+    batched call: GAE's targets and the value clip's centre carry no quantization error (doc/quantized.md measures
+    the copy's)."""
+    return agent.get_value(obs.flatten(0, 1)).view(obs.shape[:2])
+
+
 def policy_bytes(module: nn.Module) -> int:
     """The size of the policy's serialized state (torch.save), as it would be shipped to an actor process."""
     out = io.BytesIO()
@@ -418,8 +432,10 @@ def rollout(pools: list, acts: list, next_obs, next_done, buf: TensorDict, episo
     return t_env, t_policy
 
 
-def gae(next_value, next_done, rewards, values, dones, gamma: float, gae_lambda: float):
-    """Generalized advantage estimation, CleanRL's recursion; compiled it fuses into one loop."""
+def gae(agent: Agent, next_obs, next_done, rewards, values, dones, gamma: float, gae_lambda: float):
+    """Generalized advantage estimation, CleanRL's recursion; compiled it fuses into one loop. The bootstrap value of
+    the last observations is computed in here, as LeanRL does: under CUDA graphs, one captured graph for both."""
+    next_value = agent.get_value(next_obs)
     advantages = torch.empty_like(rewards)
     lastgaelam = torch.zeros_like(next_value)
     nextnonterminal = 1.0 - next_done
@@ -496,18 +512,22 @@ def main(args: Args):
     # One acting unit per env pool: with an odd --num-envs the pools differ in size, and a CUDA graph has one shape.
     # The acting units take the low-precision copy as an argument: a rebuilt copy changes no code.
     acts = [policy for _ in pools]
-    compute_gae = functools.partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda)
+    # the values of the rollout's frames: the fp32 critic's (the copy's are dropped), in one batched call
+    values_of = functools.partial(rollout_values, agent_inference)
+    compute_gae = functools.partial(gae, agent_inference, gamma=args.gamma, gae_lambda=args.gae_lambda)
     update_minibatch = functools.partial(update, agent, optimizer, args)
     if args.compile:
         # on a CPU the policy step stays eager: int8 modules run prepacked kernels eagerly; a compiled bf16 step ran
         # slower unfrozen (oneDNN reorders the weights every call), and freezing bakes them in (a recompile per rebuild)
         if device.type == "cuda":
             acts = [torch.compile(act) for act in acts]
+        values_of = torch.compile(values_of)
         compute_gae = torch.compile(compute_gae)
         update_minibatch = torch.compile(update_minibatch)
     if args.cudagraphs:
         # the rollout policy stays out of CUDA graphs: a graph replays the tensors it captured, and every rebuild of
         # the low-precision copy makes new ones
+        values_of = CudaGraphModule(values_of)
         compute_gae = CudaGraphModule(compute_gae)
         update_minibatch = CudaGraphModule(update_minibatch)
 
@@ -545,7 +565,7 @@ def main(args: Args):
                 lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
 
             t_swap = requant.refresh(iteration - start_iteration, next_obs, buf["obs"])
-            qagent = requant.current  # the policy that acts in this rollout: its log-probs and values are stored
+            qagent = requant.current  # the policy that acts in this rollout: its log-probs are stored
             quant_acts = [functools.partial(act, qagent) for act in acts]
             gumbel = -torch.empty(shape + (n_actions,), device=device).exponential_(generator=rng).log()
             t_env, t_policy = rollout(pools, quant_acts, next_obs, next_done, buf, episodes, gumbel)
@@ -553,10 +573,9 @@ def main(args: Args):
             t_rollout = time.perf_counter() - t_iter
 
             t0 = time.perf_counter()
-            # values from the acting copy's critic, free with its step: fp32 values cost a trunk forward (~10% of an
-            # iteration, more than int8 saves) and ended Breakout at 400k not significantly higher (9.4 vs 8.2, 3 seeds)
+            buf["values"].copy_(values_of(buf["obs"]))
             buf["advantages"], buf["returns"] = compute_gae(
-                qagent.get_value(next_obs), next_done, buf["rewards"], buf["values"], buf["dones"]
+                next_obs, next_done, buf["rewards"], buf["values"], buf["dones"]
             )
             t_gae = time.perf_counter() - t0
 

@@ -20,10 +20,11 @@ doc/compile.md shows that a warm Inductor cache makes the compile cost nearly no
 
 - `fill_compile_cache`: a subprocess (this command with --compile-cache-only) fills Inductor's on-disk cache off the
   training loop's GIL and core.
-- `compile_in_background`, `warm_up`: a thread then makes the compiled units' first calls, which compile them from that
-  cache, while the loop trains with eager units on a copy of the training state (the first calls change the state).
-- `load_state`, `main`'s loop: at an iteration boundary the copy's state goes into the compiled units, which take over;
-  the result is unchanged.
+- `compile_in_background`, `compile_units`, `warm_up`: a thread then compiles the units from that cache around a twin
+  of the learner (its own copy of the agent, optimizer and lr) and makes their first calls, while the loop trains with
+  the eager units; the thread touches nothing the loop uses.
+- `load_units`, `main`'s loop: at an iteration boundary the training state is copied into the twin, whose compiled
+  units take over; the result is unchanged.
 
     python leanrl/ppo_compile_async_torchcompile.py --compile --compile-async
 """
@@ -55,7 +56,8 @@ SCRIPT = plumbing.script_name(__file__)
 @dataclass
 class Args:
     exp_name: str = SCRIPT
-    """the name of this experiment"""
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -107,7 +109,8 @@ class Args:
     """the target KL divergence threshold"""
 
     compile: bool = False
-    """if toggled, wrap the policy, gae and update units in torch.compile"""
+    """if toggled, wrap the units in torch.compile: `update`, and on CUDA `evaluate`, `get_value` and the policy
+    step when it acts there (--no-host-actor); `gae` runs in numpy, with nothing to compile"""
     compile_async: bool = False
     """with --compile: train eagerly while the units compile in the background, then swap them in at an iteration
     boundary (summary.json: compile_time, swap_iteration, time_to_compiled)"""
@@ -409,24 +412,55 @@ def make_optimizer(agent, lr, capturable: bool):
     return optimizer
 
 
-def warm_up(args, device, act_device, n_obs: int, n_actions: int, policy, evaluate, get_value, update_minibatch):
+def compile_units(agent, args: Args, device, act_device, host_acting) -> dict:
+    """main's units and compile block, for a learner of its own around `agent`: its inference copy (a deepcopy: no
+    random number drawn), an optimizer and the optimizer's lr tensor. A host copy of the actor (`host_acting`, or None)
+    is shared with the loop: `refresh` fills it from whichever learner trains."""
+    agent_inference = copy.deepcopy(agent)
+    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    lr = torch.tensor(args.learning_rate, device=device)
+    optimizer = make_optimizer(agent, lr, capturable=device.type == "cuda")
+    acting = agent_inference.actor if host_acting is None else host_acting
+    policy = numpy_policy(acting) if args.numpy_act and act_device.type == "cpu" else functools.partial(act, acting)
+    evaluate = agent_inference.forward
+    get_value = agent_inference.get_value
+    options = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
+    if act_device.type == "cuda":
+        policy = torch.compile(policy, options=options)
+    if device.type == "cuda":
+        evaluate = torch.compile(evaluate, options=options)
+        get_value = torch.compile(get_value, options=options)
+    return dict(
+        agent=agent,
+        optimizer=optimizer,
+        lr=lr,
+        act_device=act_device,
+        policy=policy,
+        evaluate=evaluate,
+        get_value=get_value,
+        update_minibatch=torch.compile(functools.partial(update, agent, optimizer, lr, args), options=options),
+    )
+
+
+def warm_up(units: dict, args: Args, device, n_obs: int, n_actions: int):
     """Call every unit on zeros of the loop's shapes and layouts, so that each compiles now (no random number drawn).
     Every input is a tensor of its own, as in the loop: Dynamo specializes a graph on two inputs being the same."""
     T = args.num_steps
     N = args.num_envs
     obs = torch.zeros(T, N, n_obs, device=device)
     actions = torch.zeros(T, N, dtype=torch.long, device=device)
+    act_device = units["act_device"]
     if act_device.type == "cuda":  # the policy compiles only there (on a CPU it acts eagerly, or in numpy)
-        policy(obs[0].to(act_device), torch.zeros(N, n_actions, device=act_device))
-    logprobs, _, values = evaluate(obs, actions)
+        units["policy"](obs[0].to(act_device), torch.zeros(N, n_actions, device=act_device))
+    logprobs, _, values = units["evaluate"](obs, actions)
     rewards = torch.zeros(T, N, device=device)
     dones = torch.zeros(T, N, device=device)
     advantages, returns = gae(
-        get_value(obs[0]), torch.zeros(N, device=device), rewards, dones, values, args.gamma, args.gae_lambda
+        units["get_value"](obs[0]), torch.zeros(N, device=device), rewards, dones, values, args.gamma, args.gae_lambda
     )
     batch = [x.flatten(0, 1) for x in (obs, actions, logprobs, advantages, returns, values)]
     for inds in torch.arange(args.batch_size, device=device).view(args.num_minibatches, -1):
-        update_minibatch(*batch, inds)
+        units["update_minibatch"](*batch, inds)
 
 
 def fill_compile_cache(log_dir: str):
@@ -440,33 +474,36 @@ def fill_compile_cache(log_dir: str):
             raise RuntimeError(f"the compile subprocess failed; see {log.name}")
 
 
-def compile_in_background(args, device, act_device, n_obs: int, n_actions: int, *units) -> Future:
-    """In a daemon thread (neither Ctrl-C nor the run's end waits for it): fill the cache, then the first calls of the
-    compiled `units` (warm_up). The future holds the seconds it took, or the thread's error, which result() raises."""
+def compile_in_background(agent, args: Args, device, act_device, host_acting, n_obs: int, n_actions: int) -> Future:
+    """In a daemon thread (neither Ctrl-C nor the run's end waits for it): fill the cache, compile and warm up units
+    on a copy of `agent` (deepcopy draws no random number). The future holds (units, seconds) or the thread's error."""
+    twin = copy.deepcopy(agent)
     future = Future()
 
-    def compile_units():
+    def run():
         t0 = time.perf_counter()
         try:
             fill_compile_cache(args.log_dir)
-            warm_up(args, device, act_device, n_obs, n_actions, *units)
-            future.set_result(time.perf_counter() - t0)
+            units = compile_units(twin, args, device, act_device, host_acting)
+            warm_up(units, args, device, n_obs, n_actions)
+            future.set_result((units, time.perf_counter() - t0))
         except Exception as e:
             future.set_exception(e)
 
-    threading.Thread(target=compile_units, daemon=True).start()
+    threading.Thread(target=run, daemon=True).start()
     return future
 
 
-def load_state(agent, optimizer, src_agent, src_optimizer):
-    """The training state of `src_agent` and `src_optimizer` copied into `agent` and `optimizer` in place (the compiled
-    code keeps the tensors it was traced with): parameters, Adam's moments and step counts. Exact copies, so the swap
+def load_units(dst: dict, agent, optimizer):
+    """Copy the training state (`agent`, `optimizer`) into the compiled units' learner in place (the compiled code
+    keeps the tensors it was traced with): parameters, Adam's moments, step counts and lr. Exact copies: the swap
     changes no result."""
     with torch.no_grad():
-        for p, q in zip(src_agent.parameters(), agent.parameters()):
+        for p, q in zip(agent.parameters(), dst["agent"].parameters()):
             q.copy_(p)
-            for key, value in src_optimizer.state[p].items():
-                optimizer.state[q][key].copy_(value)
+            for key, value in dst["optimizer"].state[q].items():
+                value.copy_(optimizer.state[p][key])
+        dst["lr"].copy_(optimizer.param_groups[0]["lr"])
 
 
 def main(args: Args):
@@ -503,7 +540,7 @@ def main(args: Args):
     evaluate = agent_inference.forward
     get_value = agent_inference.get_value
     update_minibatch = functools.partial(update, agent, optimizer, lr, args)
-    if args.compile:
+    if args.compile and not args.compile_async:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
         # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
@@ -517,38 +554,20 @@ def main(args: Args):
             evaluate = torch.compile(evaluate, options=options)
             get_value = torch.compile(get_value, options=options)
         update_minibatch = torch.compile(update_minibatch, options=options)
-    if args.compile_cache_only:  # fill_compile_cache's subprocess: the first calls fill Inductor's cache
-        warm_up(args, device, act_device, n_obs, n_actions, policy, evaluate, get_value, update_minibatch)
-        envs.close()
-        return
-    pending = None
-    if args.compile_async:
-        # the trick: the first calls of the units just compiled, which compile them, are made in the background
-        # (compile_in_background); they change the state the units hold, so the loop trains on a copy until the swap
-        eager_agent = copy.deepcopy(agent)
-        pending = compile_in_background(
-            args, device, act_device, n_obs, n_actions, policy, evaluate, get_value, update_minibatch
-        )
-    if args.cudagraphs:  # with --compile-async the capture comes with the first calls after the swap, in the loop
+    if args.cudagraphs and not args.compile_async:
         if act_device.type == "cuda":  # CUDA graphs capture CUDA work only: a policy acting on the host stays out
             policy = CudaGraphModule(policy)
         evaluate = CudaGraphModule(evaluate)
         get_value = CudaGraphModule(get_value)
         update_minibatch = CudaGraphModule(update_minibatch)
-    if args.compile_async:
-        # the loop starts at once with eager units on the copy; load_state hands its state over at the swap
-        compiled_units = (policy, evaluate, get_value, update_minibatch)
-        compiled_agent = agent
-        compiled_optimizer = optimizer
-        agent = eager_agent
-        agent_inference = copy.deepcopy(eager_agent)
-        from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
-        optimizer = make_optimizer(agent, lr, capturable=device.type == "cuda")
-        eager_acting = acting if host else agent_inference.actor  # a host copy is refreshed
-        policy = numpy_policy(eager_acting) if numpy_act else functools.partial(act, eager_acting)
-        evaluate = agent_inference.forward
-        get_value = agent_inference.get_value
-        update_minibatch = functools.partial(update, agent, optimizer, lr, args)
+    host_acting = acting if host else None
+    if args.compile_cache_only:  # see fill_compile_cache
+        warm_up(compile_units(agent, args, device, act_device, host_acting), args, device, n_obs, n_actions)
+        envs.close()
+        return
+    pending = None
+    if args.compile_async:  # the loop trains with the eager units above until the compiled twin is swapped in
+        pending = compile_in_background(agent, args, device, act_device, host_acting, n_obs, n_actions)
 
     shape = (args.num_steps, args.num_envs)
     buf = dict(
@@ -586,11 +605,21 @@ def main(args: Args):
             t_iter = time.perf_counter()
             swap_at = args.compile_swap_iteration
             if pending is not None and (iteration >= swap_at if swap_at else pending.done()):
-                compile_time = pending.result()  # the background thread's error, if any, is raised here
-                load_state(compiled_agent, compiled_optimizer, agent, optimizer)
-                agent = compiled_agent
-                optimizer = compiled_optimizer
-                policy, evaluate, get_value, update_minibatch = compiled_units
+                units, compile_time = pending.result()  # the background thread's error, if any, is raised here
+                load_units(units, agent, optimizer)
+                agent = units["agent"]
+                optimizer = units["optimizer"]
+                lr = units["lr"]
+                policy = units["policy"]
+                evaluate = units["evaluate"]
+                get_value = units["get_value"]
+                update_minibatch = units["update_minibatch"]
+                if args.cudagraphs:
+                    if act_device.type == "cuda":
+                        policy = CudaGraphModule(policy)
+                    evaluate = CudaGraphModule(evaluate)
+                    get_value = CudaGraphModule(get_value)
+                    update_minibatch = CudaGraphModule(update_minibatch)
                 pending = None
                 compiled_from = iteration
                 swap_iteration = iteration
@@ -632,7 +661,7 @@ def main(args: Args):
             t_update = time.perf_counter() - t0
 
             losses = stats[:n].mean(0).tolist()  # the one host sync of the iteration
-            row = run.log(
+            run.log(
                 global_step,
                 steady=iteration - start_iteration + 1 >= args.measure_burnin,
                 iteration=iteration,
@@ -651,7 +680,7 @@ def main(args: Args):
                 # (~40 us of a ~330 us update, ~10 us of a policy step)
                 torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
                 run.compiled()
-                time_to_compiled = row["time"]
+                time_to_compiled = time.perf_counter() - run.start
             if run.stopping:
                 break
     torch.compiler.set_stance("default")

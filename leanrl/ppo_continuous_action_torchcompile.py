@@ -47,7 +47,8 @@ SCRIPT = plumbing.script_name(__file__)
 @dataclass
 class Args:
     exp_name: str = SCRIPT
-    """the name of this experiment"""
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -61,7 +62,8 @@ class Args:
     wandb_entity: Optional[str] = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """not supported with envpool (it renders no frames); the flag is accepted so every script takes it"""
+    """not supported with envpool (it renders no frames): refused with one line (the flag exists so that every
+    script takes the same flags)"""
 
     env_id: str = "HalfCheetah-v4"
     """the id of the environment (an envpool MuJoCo task with the Gymnasium interface)"""
@@ -99,7 +101,9 @@ class Args:
     """the target KL divergence threshold"""
 
     compile: bool = False
-    """if toggled, wrap the policy, normalize and update units in torch.compile"""
+    """if toggled, wrap the units in torch.compile: `update`, the observation normalizer unless it runs in numpy
+    (--numpy-act, acting on a CPU), and on CUDA `evaluate`, `get_value` and the policy step when it acts there
+    (--no-host-actor); `gae` runs in numpy, with nothing to compile"""
     cudagraphs: bool = False
     """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     host_actor: bool = True

@@ -8,7 +8,9 @@ The trick, in the functions that hold it (doc/quantized.md measures it):
 - `Requantizer`: the copy is rebuilt from the trained fp32 weights every --quant-every iterations (--quant-async: in
   a background thread, acting from the next iteration).
 - `behaviour_logprob`: the stored log-probabilities are the int8 copy's, so the update's ratio (the fp32 agent is
-  trained) is a true importance ratio.
+  trained) is a true importance ratio. GAE and the value clip take the values of the fp32 critic the update trains (the
+  base's batched `evaluate`), not an int8 critic's (off by more than the clip's width once CartPole is solved;
+  doc/quantized.md).
 - `mlp`: --hidden-dim / --hidden-depth widen the MLP, where int8 can pay.
 
 The algorithm, network and defaults of ppo.py (CleanRL's). The base's tricks, each in the function that holds it
@@ -64,7 +66,8 @@ QUANT_METHOD = (
 @dataclass
 class Args:
     exp_name: str = SCRIPT
-    """the name of this experiment"""
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -124,9 +127,12 @@ class Args:
     """build the next int8 policy in a background thread while the rollouts go on; it acts from the next iteration"""
 
     compile: bool = False
-    """if toggled, wrap the policy, gae and update units in torch.compile"""
+    """if toggled, wrap the units in torch.compile: `update` and the int8 steps (acting, behaviour log-probs: on
+    every device, as eager torchao int8 dispatches each op from Python), and on CUDA `evaluate`, `get_value` and the
+    fp32 policy step when it acts there (--no-host-actor); `gae` runs in numpy, with nothing to compile"""
     cudagraphs: bool = False
-    """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
+    """if toggled, wrap the learner's units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA
+    only); the int8 steps stay out: each rebuild of the copy makes new tensors, and a graph replays those it captured"""
     host_actor: bool = True
     """with the learner on CUDA, keep a host copy of the actor, refreshed after each iteration's updates (one copy of
     ~20 KB), and build the int8 copy from it and act with it on the host: a 4-row step of a 64-unit MLP costs less on

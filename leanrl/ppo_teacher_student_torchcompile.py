@@ -64,7 +64,8 @@ TEACHER_STATS = (
 @dataclass
 class Args:
     exp_name: str = SCRIPT
-    """the name of this experiment"""
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -130,7 +131,9 @@ class Args:
     """episodes the teacher plays per measurement (one per env, in parallel); their steps are not training steps"""
 
     compile: bool = False
-    """if toggled, wrap the policy, gae and update units in torch.compile"""
+    """if toggled, wrap the units in torch.compile: `update`, and on CUDA `evaluate`, `get_value` and the policy
+    step when it acts there (--no-host-actor); the teacher's value and update (on CUDA its policy too); `gae` runs
+    in numpy, with nothing to compile"""
     cudagraphs: bool = False
     """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     host_actor: bool = True
@@ -145,7 +148,8 @@ class Args:
     log_dir: Optional[str] = None
     """where metrics.jsonl, summary.json and agent.pt go (default: runs/<env_id>__<script>__<seed>__<time>)"""
     save_model: bool = False
-    """if toggled, save the agent and optimizer to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
+    """if toggled, save the student and the teacher with their optimizers to `<log_dir>/agent.pt` at the end (and on
+    Ctrl-C)"""
     resume: Optional[str] = None
     """path of an agent.pt written by --save-model: continue that run from where it stopped"""
     num_threads: int = 1

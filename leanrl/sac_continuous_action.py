@@ -29,7 +29,8 @@ SCRIPT = plumbing.script_name(__file__)
 @dataclass
 class Args:
     exp_name: str = SCRIPT
-    """the name of this experiment"""
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
@@ -43,7 +44,8 @@ class Args:
     wandb_entity: Optional[str] = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """not supported with envpool (it renders no frames); the flag is accepted so every script takes it"""
+    """not supported with envpool (it renders no frames): refused with one line (the flag exists so that every
+    script takes the same flags)"""
 
     env_id: str = "HalfCheetah-v4"
     """the id of the environment (an envpool MuJoCo task with the Gymnasium interface)"""
@@ -75,9 +77,11 @@ class Args:
     """automatic tuning of the entropy coefficient"""
 
     compile: bool = False
-    """if toggled, nn.Module.compile() the three networks (the naive one-liner; see the _torchcompile script)"""
+    """if toggled, nn.Module.compile() the actor, both Q-networks and their targets (the naive one-liner; see the
+    _torchcompile script)"""
     cudagraphs: bool = False
-    """CUDA graphs need the units of sac_continuous_action_torchcompile.py; ignored without CUDA"""
+    """not in this eager baseline: CUDA graphs need the units of sac_continuous_action_torchcompile.py (refused on CUDA,
+    ignored without)"""
     measure_burnin: int = 1000
     """env steps after learning_starts left out of the steady-state fps (compilation and warm-up happen there)"""
     log_every: int = 1000
@@ -85,7 +89,8 @@ class Args:
     log_dir: Optional[str] = None
     """where metrics.jsonl, summary.json and agent.pt go (default: runs/<env_id>__<script>__<seed>__<time>)"""
     save_model: bool = False
-    """if toggled, save networks and optimizers to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
+    """if toggled, save networks, optimizers and the entropy coefficient to `<log_dir>/agent.pt` at the end (and
+    on Ctrl-C)"""
     resume: Optional[str] = None
     """path of an agent.pt written by --save-model: continue that run (the buffer is not saved: it refills, acting
     with the restored policy, before the updates go on; the env starts a fresh episode)"""

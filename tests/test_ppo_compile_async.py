@@ -5,11 +5,13 @@ from it, then swaps the compiled units in. Each compiled run here costs tens of 
 only the runs the assertions need are made.
 """
 
+import copy
 from pathlib import Path
 
 import pytest
+import torch
 
-from conftest import PPO_ROW_FIELDS, SMOKE, assert_rejected, read_metrics, read_summary, run_script
+from conftest import PPO_ROW_FIELDS, SMOKE, assert_rejected, load_script, read_metrics, read_summary, run_script
 
 CLASSIC, ATARI = "ppo_compile_async_torchcompile.py", "ppo_atari_envpool_compile_async_torchcompile.py"
 SCRIPTS = (CLASSIC, ATARI)
@@ -39,6 +41,83 @@ def assert_async_compile_matches_eager(script: str, tmp_path: Path, tol: float, 
     for e, a in zip(eager[:compared], swapped[:compared], strict=True):
         assert {k: a[k] for k in keys} == pytest.approx({k: e[k] for k in keys}, rel=tol, abs=tol), a["iteration"]
     return proc, summary
+
+
+def learner(family: str):
+    """(module, agent, optimizer, lr, args, update(agent, optimizer, lr, batch), a minibatch) for `family`, as main
+    builds them, at a size that runs eagerly in a blink."""
+    torch.manual_seed(0)
+    if family == "classic":
+        m = load_script("ppo_compile_async_torchcompile")
+        args = m.Args(num_envs=2, num_steps=8, num_minibatches=2)
+        agent = m.Agent(4, 2)
+        lr = torch.tensor(args.learning_rate)
+        optimizer = m.make_optimizer(agent, lr, capturable=False)
+        n = 16
+        batch = [torch.randn(n, 4), torch.randint(0, 2, (n,))] + [torch.randn(n) for _ in range(4)]
+
+        def step(agent, optimizer, lr, batch):
+            return m.update(agent, optimizer, lr, args, *batch, torch.arange(n))
+
+    else:
+        m = load_script("ppo_atari_envpool_compile_async_torchcompile")
+        args = m.Args(num_envs=2, num_steps=8, num_minibatches=2, split_envs=False)
+        agent = m.Agent(4)
+        lr = torch.tensor(args.learning_rate)
+        optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=False)
+        n = 8
+        batch = [torch.randint(0, 256, (n, 4, 84, 84), dtype=torch.uint8), torch.randint(0, 4, (n,))]
+        batch += [torch.randn(n) for _ in range(4)]
+
+        def step(agent, optimizer, lr, batch):
+            return m.update(agent, optimizer, args, *batch)
+
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    return m, agent, optimizer, lr, args, step, batch
+
+
+def twin_units(m, family: str, twin, args):
+    """What compile_in_background builds around `twin` and warms up, in process."""
+    device = torch.device("cpu")
+    if family == "classic":
+        units = m.compile_units(twin, args, device, device, None)
+        m.warm_up(units, args, device, 4, 2)
+        return units
+    return m.warm_up(m.compile_units(twin, args, device, 1), args, device, (4, 84, 84), 4)
+
+
+def state_of(agent, optimizer) -> list:
+    return [p.detach().clone() for p in agent.parameters()] + [
+        v.clone() for p in agent.parameters() for v in optimizer.state[p].values()
+    ]
+
+
+@pytest.mark.parametrize("updates_before", [0, 2], ids=["no-update-yet", "after-updates"])
+@pytest.mark.parametrize("family", ["classic", "atari"])
+def test_the_compiled_twin_takes_over_the_training_state(family, updates_before):
+    """The design both scripts share: the background thread compiles the units around a twin of the learner
+    (`compile_units`: its own agent, optimizer and lr) and warms them up, which trains the twin on zeros and must leave
+    the loop's learner alone; at the swap `load_units` copies the training state into the twin. Then one more update
+    of each learner gives the same parameters and Adam state, bit for bit: parameters, moments, step counts and lr
+    all handed over (the swap at iteration 1, before any update, included: Atari's Adam has no state yet then).
+    force_eager runs the compiled units' own Python, so nothing compiles here."""
+    m, agent, optimizer, lr, args, step, batch = learner(family)
+    twin = copy.deepcopy(agent)  # as compile_in_background does when the run starts
+    lr.fill_(1e-3)  # the loop anneals its lr tensor: the twin's must follow
+    for _ in range(updates_before):
+        step(agent, optimizer, lr, batch)
+    before = state_of(agent, optimizer)
+    with torch.compiler.set_stance("force_eager"):
+        units = twin_units(m, family, twin, args)
+        assert all(torch.equal(a, b) for a, b in zip(state_of(agent, optimizer), before, strict=True))
+        assert not set(map(id, units["agent"].parameters())) & set(map(id, agent.parameters()))
+        m.load_units(units, agent, optimizer)
+        step(agent, optimizer, lr, batch)
+        units["update_minibatch"](*batch, *([torch.arange(len(batch[0]))] if family == "classic" else []))
+    assert units["lr"] == lr
+    for a, b in zip(state_of(agent, optimizer), state_of(units["agent"], units["optimizer"]), strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -4,13 +4,13 @@ The surgery is checked against an independent reference: the units a pruning ste
 the pruned weights against the original ones, the original agent with those units zeroed must give the pruned
 agent's outputs, and for magnitude importance the removed units must be the ones of smallest L2 group norm,
 computed here from the weights. Compiling costs tens of seconds per process, so the classic script runs with
---compile twice (pruning at iteration 2, so the units are traced, pruned, then traced again; once shared by the
-smoke tests, once against the eager run) and the Atari script runs eagerly.
+--compile three times (pruning at iteration 2, so the units are traced, pruned, then traced again: once shared by the
+smoke tests, once against the eager run; and the learning run, as doc/learning.md runs it) and the Atari script runs
+eagerly.
 """
 
 import copy
 import dataclasses
-import signal
 
 import pytest
 import torch
@@ -21,11 +21,9 @@ from conftest import (
     assert_rejected,
     load_script,
     read_metrics,
-    read_metrics_so_far,
     read_summary,
     run_script,
     smoke_fixture,
-    start_script,
 )
 
 CLASSIC, ATARI = "ppo_pruned_torchcompile.py", "ppo_atari_envpool_pruned_torchcompile.py"
@@ -42,8 +40,8 @@ RUNS = [
 ]
 
 
-# CartPole-v1 solved: every one of 5 measured seeds reached it after the default schedule's last step (doc/pruned.md)
-LEARNED = 475
+# CartPole-v1's solved mark, the low end of the baseline's final returns at 500k steps in doc/learning.md (474.9-500)
+FINAL = 475
 
 
 def n_params(*shapes):
@@ -88,6 +86,11 @@ def test_smoke_prunes_and_reports_sizes(smoke, script, flags):
     assert summary["prune_sparsity"] == pytest.approx(1 - after / before)
     if "--cudagraphs" in flags:
         assert "--cudagraphs ignored" in proc.stderr
+    if script == CLASSIC:  # the annealed lr over the share of the widths left: 1, then 0.75 and 0.5 (steps 2 and 3)
+        steps = int(flags[flags.index("--prune-steps") + 1])
+        for r in rows:
+            left = 1 - 0.5 * min(r["iteration"] - 1, steps) / steps
+            assert r["lr"] == pytest.approx((1 - (r["iteration"] - 1) / 4) * 2.5e-4 / left), r["iteration"]
     if script == ATARI:
         assert summary["flags"]["split_envs"] == ("--split-envs" in flags or torch.cuda.is_available())
 
@@ -281,23 +284,15 @@ def test_mask_mode_zeroes_what_structural_removes_and_masks_survive_updates():
 
 
 def test_learns_cartpole_while_pruning_half(tmp_path):
-    """CartPole-v1 with half of every hidden layer pruned away (the default schedule: 5 steps, the last at iteration
-    18), eager, seed 1: after the last step the mean return of the last 20 episodes reaches LEARNED (solved) within
-    the default 500k steps, so the half-width network learns the task after the surgery. The run is stopped with
-    Ctrl-C once it gets there."""
-    proc = start_script(CLASSIC, "--prune-ratio", "0.5", "--seed", "1", "--num-threads", "1", log_dir=tmp_path)
-
-    def learned():
-        return any(
-            r["iteration"] > 18 and (r["episodic_return"] or 0) >= LEARNED for r in read_metrics_so_far(tmp_path)
-        )
-
-    proc.wait_until(learned, 900, f"a mean return of {LEARNED} after the last pruning step")
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(120, "the exit after Ctrl-C") in (0, 130), proc.stderr[-2000:]
-    assert read_metrics(tmp_path)[-1]["global_step"] <= 500000
+    """What doc/learning.md judges: the return at the end of the budget. CartPole-v1 with half of every hidden layer
+    pruned away on the default schedule, `--compile` as LEARN=1 runs it, seed 1, the default 500k steps: the mean
+    return of the last 20 episodes when the run ends is at least FINAL, where the baseline's seeds end on that page (a
+    run that solved CartPole and lost it again fails)."""
+    run_script(CLASSIC, "--compile", "--seed", "1", "--num-threads", "1", log_dir=tmp_path, timeout=900)
     summary = read_summary(tmp_path)
-    assert summary["prune_steps_done"] == 5 and summary["prune_params_after"] == PARAMS[CLASSIC][1]
+    assert summary["global_step"] == 499712 and summary["prune_steps_done"] == 1
+    assert summary["prune_params_after"] == PARAMS[CLASSIC][1]
+    assert summary["final_return"] >= FINAL, f"final mean return {summary['final_return']}"
 
 
 BAD_INPUT = [

@@ -6,12 +6,23 @@ process); the unit tests import the scripts and check the quantized copies again
 """
 
 import copy
+import inspect
+import signal
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import assert_rejected, read_metrics, read_summary, run_ids, run_script, script_fixture, smoke_fixture
+from conftest import (
+    assert_rejected,
+    load_script,
+    read_metrics,
+    read_summary,
+    run_ids,
+    run_script,
+    script_fixture,
+    smoke_fixture,
+)
 
 CLASSIC, ATARI = "ppo_quantized_torchcompile.py", "ppo_atari_envpool_quantized_torchcompile.py"
 # (script, extra flags): each script once compiled and once eager with --cudagraphs (ignored on CPU); a third Atari
@@ -144,6 +155,32 @@ def test_requantizer_acts_with_the_snapshot_it_was_given(classic, background):
     expected = [references[0], references[0], references[1]] if background else references
     for out, ref in zip(outputs, expected):
         torch.testing.assert_close(out, ref)
+
+
+@pytest.mark.parametrize("script", [CLASSIC[:-3], ATARI[:-3]])
+def test_gae_and_the_value_clip_take_the_fp32_critics_values(script, tmp_path, monkeypatch):
+    """One rule for both scripts (doc/quantized.md): the low-precision copy acts and its log-probs are stored, but the
+    values GAE subtracts and the value clip is centred on are those of the fp32 critic the update trains. A one-
+    iteration run, in process, eager: its first minibatch, caught on its way into `update` (before any Adam step),
+    carries values equal to the fp32 agent's own values of its observations (an int8 critic's differ by ~3e-3 here)."""
+    m = load_script(script)
+    update = m.update
+    caught = []
+
+    def spy(*args):
+        bound = inspect.signature(update).bind(*args).arguments
+        inds = bound.get("inds", slice(None))
+        if not caught:
+            with torch.no_grad():
+                caught.append((bound["values"][inds].clone(), bound["agent"].get_value(bound["obs"][inds])))
+        return update(*args)
+
+    monkeypatch.setattr(m, "update", spy)
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # the run's Ctrl-C handlers stay out of pytest's process
+    m.main(m.Args(num_envs=1, num_steps=64, total_timesteps=64, num_threads=1, log_dir=str(tmp_path / "run")))
+    stored, fp32 = caught[0]
+    assert fp32.abs().max() > 0
+    torch.testing.assert_close(stored, fp32, rtol=0, atol=1e-5)
 
 
 def test_learns_cartpole(tmp_path):
