@@ -303,10 +303,12 @@ def test_resume_continues_and_names_the_writer(smoke, tmp_path):
 
 def run_in_process(module, monkeypatch, *argv):
     """module.main as the command line `argv` would run it, in this process (no compile: seconds on CartPole); the
-    run's signal handlers are left out, so that pytest keeps its own."""
+    run's signal handlers are left out, so that pytest keeps its own, and its thread count is undone."""
     monkeypatch.setattr(sys, "argv", [f"{module.__name__}.py", *argv])
     monkeypatch.setattr(signal, "signal", lambda *handler: None)
+    threads = torch.get_num_threads()
     module.main(plumbing.parse_args(module.Args))
+    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("name", ["dqn", "dqn_torchcompile"])
