@@ -158,12 +158,18 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int):
 
 
 class ReplayBuffer:
-    """A preallocated ring buffer on the learner's device that keeps one 84x84 uint8 frame per transition: 7.1 GB for
-    the default million (stacked 4-frame obs and next obs would take 56 GB). A slot holds the newest frame of the obs
-    the action was taken from, the action, clipped reward, done, and `age`, the steps since its game's reset (0-3).
-    A slot's 4-frame stack is rebuilt from the slots before it; envpool fills a fresh game's stack with its first frame,
-    so an offset reaching back past the reset stops at the game's first slot. Its next obs is the next slot's stack.
-    Frames are allocated with torch.empty: memory is touched as the buffer fills."""
+    """A preallocated ring buffer on the learner's device that keeps one 84x84 uint8 frame per slot: 7.1 GB for the
+    default million (stacked 4-frame obs and next obs would take 56 GB). A slot holds the newest frame of an obs and
+    `age`, the steps since its game's reset (0-3), and for a transition the action taken from that obs, the clipped
+    reward and done. A slot's 4-frame stack is rebuilt from the slots before it; envpool fills a fresh game's stack with
+    its first frame, so an offset reaching back past the reset stops at the game's first slot. Its next obs is the next
+    slot's stack.
+
+    The transitions are CleanRL's: one per step the agent took, done when it lost a life or the game (EpisodicLifeEnv);
+    a truncation by the time limit is not done and bootstraps from the last obs. Envpool's step after any of these ends
+    only resets (no-ops and FIRE, the action ignored, reward 0) and is no transition: its slot holds the obs it started
+    from, the last obs of the life or game (the truncated step's next obs; a new life's stack goes on from it), with
+    action -1, and is never sampled. Frames are allocated with torch.empty: memory is touched as the buffer fills."""
 
     def __init__(self, size: int, device):
         self.data = TensorDict(
@@ -180,25 +186,33 @@ class ReplayBuffer:
         self.pos = 0
         self.full = False
         self.age = 0  # the steps since the game's reset
-        self.resetting = False  # whether the next step only resets the game
+        self.lives = None  # the lives envpool gave out last
+        self.resetting = False  # whether this step only resets the life or the game
+        self.new_game = False  # whether that reset starts a new game (its stack holds only its first frame)
 
-    def add(self, frame, action: int, reward: float, done: bool, game_over: bool):
-        """One env step from an obs whose newest frame is `frame`. The step after a game's end only resets the game
-        (envpool ignores its action): it is no transition. done: a life lost, the game over or the time limit (the
-        next slot holds the fresh game then, not a last obs to bootstrap from)."""
-        if not self.resetting:
-            self.data[self.pos] = TensorDict(
-                frames=torch.as_tensor(frame),
-                age=torch.tensor(self.age),
-                actions=torch.tensor(action),
-                rewards=torch.tensor(float(reward)),
-                dones=torch.tensor(float(done)),
-                device=self.data.device,
-            )
-            self.pos = (self.pos + 1) % self.size
-            self.full = self.full or self.pos == 0
-        self.age = 0 if self.resetting else min(self.age + 1, 3)
-        self.resetting = game_over
+    def add(self, frame, action: int, reward: float, terminated: bool, truncated: bool, lives: int, game_over: bool):
+        """One env step from an obs whose newest frame is `frame`, with envpool's outputs for it: `terminated` and
+        `truncated` from the 5-tuple, `lives` and `game_over` (info["terminated"]) from its info. Done is a lost life
+        or game over, also where envpool reports them as a truncation because the time limit came at the same step."""
+        lost = self.lives is not None and 0 < lives < self.lives
+        self.lives = lives
+        if self.resetting:
+            action, reward, done = -1, 0.0, True
+        else:
+            done = bool(game_over or lost)
+        self.data[self.pos] = TensorDict(
+            frames=torch.as_tensor(frame),
+            age=torch.tensor(self.age),
+            actions=torch.tensor(action),
+            rewards=torch.tensor(float(reward)),
+            dones=torch.tensor(float(done)),
+            device=self.data.device,
+        )
+        self.pos = (self.pos + 1) % self.size
+        self.full = self.full or self.pos == 0
+        self.age = 0 if self.resetting and self.new_game else min(self.age + 1, 3)
+        self.resetting = bool(terminated or truncated)
+        self.new_game = bool(game_over or truncated)
 
     def sampleable(self):
         """(first slot, count) of the slots a batch may hold: a next slot written, a stack not overwritten."""
@@ -209,8 +223,13 @@ class ReplayBuffer:
         return self.data["frames"][(inds.unsqueeze(1) - back) % self.size]
 
     def sample(self, batch_size: int, generator=None) -> TensorDict:
+        """`batch_size` transitions drawn uniformly: twice as many slots drawn, the first `batch_size` transitions among
+        them kept. A reset slot comes once a life (one slot in 25 for a random agent in Breakout): fewer than 32
+        transitions among 64 draws has a chance of 4e-29 (the batch would then hold a reset slot, done, reward 0)."""
         first, count = self.sampleable()
-        inds = (first + torch.randint(count, (batch_size,), device=self.data.device, generator=generator)) % self.size
+        draws = torch.randint(count, (2 * batch_size,), device=self.data.device, generator=generator)
+        slots = (first + draws) % self.size
+        inds = slots[torch.argsort((self.data["actions"][slots] < 0).to(torch.uint8), stable=True)[:batch_size]]
         batch = self.data[inds].exclude("frames", "age")
         return batch.update(dict(obs=self.stacks(inds), next_obs=self.stacks((inds + 1) % self.size)))
 
@@ -277,7 +296,7 @@ def main(args: Args):
             t_policy += t1 - t0
             game_over = np.logical_or(info["terminated"], truncated)
             episodes.record(info["reward"], game_over)
-            rb.add(obs[0, -1], action, reward[0], terminated[0] or truncated[0], game_over[0])
+            rb.add(obs[0, -1], action, reward[0], terminated[0], truncated[0], info["lives"][0], info["terminated"][0])
             obs = next_obs
 
             t0 = time.perf_counter()

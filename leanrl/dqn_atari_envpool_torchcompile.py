@@ -262,18 +262,27 @@ class ReplayBuffer:
         self.full = False
         self.n = 0  # rows staged
         self.age = 0  # the steps since the game's reset
-        self.resetting = False  # whether the next step only resets the game
+        self.lives = None  # the lives envpool gave out last
+        self.resetting = False  # whether this step only resets the life or the game
+        self.new_game = False  # whether that reset starts a new game (its stack holds only its first frame)
 
-    def add(self, frame, action: int, reward: float, done: bool, game_over: bool):
-        """One env step (see dqn_atari_envpool.py): the step after a game's end only resets it, no transition."""
-        if not self.resetting:
-            for staged, x in zip(self.staged.values(), (frame, self.age, action, reward, float(done))):  # fields' order
-                staged[self.n] = x
-            self.n += 1
-            if self.n == len(self.staged["frames"]):
-                self.flush()
-        self.age = 0 if self.resetting else min(self.age + 1, 3)
-        self.resetting = game_over
+    def add(self, frame, action: int, reward: float, terminated: bool, truncated: bool, lives: int, game_over: bool):
+        """One env step with envpool's outputs for it, as dqn_atari_envpool.py's: CleanRL's transitions, done at a lost
+        life or game over; the step after an end only resets, its slot (the last obs) has action -1."""
+        lost = self.lives is not None and 0 < lives < self.lives
+        self.lives = lives
+        if self.resetting:
+            action, reward, done = -1, 0.0, True
+        else:
+            done = bool(game_over or lost)
+        for staged, x in zip(self.staged.values(), (frame, self.age, action, reward, float(done))):  # fields' order
+            staged[self.n] = x
+        self.n += 1
+        if self.n == len(self.staged["frames"]):
+            self.flush()
+        self.age = 0 if self.resetting and self.new_game else min(self.age + 1, 3)
+        self.resetting = bool(terminated or truncated)
+        self.new_game = bool(game_over or truncated)
 
     def flush(self):
         n = self.n
@@ -288,9 +297,13 @@ class ReplayBuffer:
         self.n = 0
 
     def sample_indices(self, batch_size: int, generator) -> torch.Tensor:
-        """Slots a batch may hold: the next slot written, the stack not overwritten."""
+        """`batch_size` transitions drawn uniformly from the slots a batch may hold (the next slot written, the stack
+        not overwritten): twice as many drawn, the first transitions kept, on the device (dqn_atari_envpool.py's
+        sample)."""
         first, count = ((self.pos + 3) % self.size, self.size - 4) if self.full else (0, self.pos - 1)
-        return (first + torch.randint(count, (batch_size,), device=generator.device, generator=generator)) % self.size
+        draws = torch.randint(count, (2 * batch_size,), device=generator.device, generator=generator)
+        slots = (first + draws) % self.size
+        return slots[torch.argsort((self.fields["actions"][slots] < 0).to(torch.uint8), stable=True)[:batch_size]]
 
 
 def main(args: Args):
@@ -370,7 +383,7 @@ def main(args: Args):
             t_policy += t1 - t0
             game_over = np.logical_or(info["terminated"], truncated)
             episodes.record(info["reward"], game_over)
-            rb.add(obs[0, -1], action, reward[0], terminated[0] or truncated[0], game_over[0])
+            rb.add(obs[0, -1], action, reward[0], terminated[0], truncated[0], info["lives"][0], info["terminated"][0])
             obs = next_obs
 
             t0 = time.perf_counter()

@@ -315,7 +315,9 @@ def main(args: Args):
         q_network.load_state_dict(ckpt["q_network"])
         target_network.load_state_dict(ckpt["target_network"])
         plumbing.load_optimizer(optimizer, ckpt["optimizer"])
-        rb.data.update(TensorDict(ckpt["buffer"], batch_size=[args.buffer_size]).to(device))
+        # copied into the buffer's own tensors: `update` is bound to them (TensorDict.update would swap in new ones)
+        for key, rows in ckpt["buffer"].items():
+            rb.fields[key].copy_(rows)
         rb.pos = ckpt["buffer_pos"]
         rb.full = ckpt["buffer_full"]
         rng.set_state(ckpt["rng"])

@@ -3,7 +3,7 @@
 CleanRL's `ppo_continuous_action.py` algorithm, network and defaults, written plainly: a Gaussian policy with a
 state-independent log-std, Python loops, one autograd step per minibatch. CleanRL gets observation normalization,
 reward scaling and action clipping from gymnasium wrappers; here they are written out (`RunningMeanStd`,
-`Normalizer`), shared by all envs, reset at episode ends, and saved in the checkpoint with the agent.
+`Normalizer`) with the wrappers' semantics, shared by all envs, and saved in the checkpoint with the agent.
 It is the yardstick `ppo_continuous_action_torchcompile.py` is measured against.
 
     python leanrl/ppo_continuous_action.py                  # 1M steps of HalfCheetah-v4
@@ -133,13 +133,15 @@ def env_step(envs, action: np.ndarray):
     next episode's first. envpool resets an env on the step *after* its episode ended, ignoring that step's action and
     returning reward 0 (checked on envpool 1.2.5): left alone, that dead step would enter the batch as a transition
     the action did not cause. Resetting the ended envs right away (envpool's reset takes a subset of env ids) keeps
-    every stored transition real, at one extra env call per episode end."""
+    every stored transition real, at one extra env call per episode end. Returns the obs, reward, termination, done
+    (terminated or truncated) and the last obs of the episodes that ended (gymnasium's wrappers see them too)."""
     obs, reward, terminated, truncated, _ = envs.step(action)
     done = terminated | truncated
+    last = obs[done]
     if done.any():
         ended = np.flatnonzero(done)
         obs[ended] = envs.reset(ended)[0]
-    return obs, reward, done
+    return obs, reward, terminated, done, last
 
 
 class RunningMeanStd:
@@ -173,10 +175,11 @@ class RunningMeanStd:
 
 
 class Normalizer:
-    """CleanRL's NormalizeObservation + clip and NormalizeReward + clip, for all envs at once (one set of statistics,
-    updated with every env's values each step) and with episode ends handled: each env's discounted return starts
-    again from 0 when its episode ends, by termination or by time limit. (gymnasium's wrapper resets it only on
-    termination, and one step late, so on HalfCheetah, which only times out, it never resets.)"""
+    """CleanRL's NormalizeObservation + clip and NormalizeReward + clip (gymnasium's wrappers in a vector env that
+    resets an ended env within the step), for all envs at once: one set of statistics updated with every env's values
+    each step, where CleanRL's wrappers keep one per env (the same at its default of one env). As gymnasium's, an
+    episode's last observation enters the statistics before the reset's, and each env's discounted return restarts
+    only at a termination, from that step's reward: never at a truncation (on HalfCheetah, never)."""
 
     def __init__(self, num_envs: int, obs_dim: int, gamma: float, clip: float = 10.0, eps: float = 1e-8):
         self.obs_rms = RunningMeanStd((obs_dim,))
@@ -186,18 +189,21 @@ class Normalizer:
         self.clip = clip
         self.eps = eps
 
+    def observe(self, obs: np.ndarray):
+        """Update the statistics with observations the agent does not act on: the last ones of ended episodes."""
+        self.obs_rms.update(obs)
+
     def obs(self, obs: np.ndarray) -> np.ndarray:
         """Update the statistics with the observations the agent is about to see, then normalize them."""
         self.obs_rms.update(obs)
         return np.clip((obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + self.eps), -self.clip, self.clip)
 
-    def reward(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
-        """Scale the reward by the std of the discounted return (updated with this step's), then clip."""
-        self.ret = self.ret * self.gamma + reward
+    def reward(self, reward: np.ndarray, terminated: np.ndarray) -> np.ndarray:
+        """Scale the reward by the std of the discounted return (updated with this step's: gymnasium's `return * gamma
+        * (1 - terminated) + reward`), then clip."""
+        self.ret = self.ret * self.gamma * (1 - terminated) + reward
         self.ret_rms.update(self.ret)
-        scaled = np.clip(reward / np.sqrt(self.ret_rms.var + self.eps), -self.clip, self.clip)
-        self.ret[done] = 0.0
-        return scaled
+        return np.clip(reward / np.sqrt(self.ret_rms.var + self.eps), -self.clip, self.clip)
 
     def state_dict(self):
         return dict(obs_rms=self.obs_rms.state_dict(), ret_rms=self.ret_rms.state_dict())
@@ -320,11 +326,15 @@ def main(args: Args):
                 logprobs[step] = logprob
                 t1 = time.perf_counter()
                 # the env gets the action clipped to its bounds (CleanRL's ClipAction); the batch keeps the sample
-                next_obs, reward, next_done = env_step(envs, np.clip(action.cpu().numpy(), action_low, action_high))
+                next_obs, reward, terminated, next_done, last = env_step(
+                    envs, np.clip(action.cpu().numpy(), action_low, action_high)
+                )
                 t_env += time.perf_counter() - t1
                 t_policy += t1 - t0
                 episodes.record(reward, next_done)
-                rewards[step] = torch.tensor(normalizer.reward(reward, next_done)).to(device).view(-1)
+                rewards[step] = torch.tensor(normalizer.reward(reward, terminated)).to(device).view(-1)
+                if len(last):  # before the reset's obs, as gymnasium's NormalizeObservation sees them
+                    normalizer.observe(last)
                 next_obs = torch.Tensor(normalizer.obs(next_obs)).to(device)
                 next_done = torch.Tensor(next_done).to(device)
             t_rollout = time.perf_counter() - t_iter

@@ -148,20 +148,22 @@ def check_args(args: Args) -> Optional[dict]:
 
 def env_step(envs, action: np.ndarray):
     """One step with CleanRL's (gymnasium's SAME_STEP) auto-reset. envpool 1.2.5 resets an env on the step *after* its
-    episode ended (action ignored, reward 0): resetting at once keeps the dead step out of the batch (one call more)."""
+    episode ended (action ignored, reward 0): resetting at once keeps the dead step out of the batch (one call more).
+    Returns the obs, reward, termination, done and the last obs of the episodes that ended."""
     obs, reward, terminated, truncated, _ = envs.step(action)
     done = terminated | truncated
+    last = obs[done]
     if done.any():
         obs[done] = envs.reset(np.flatnonzero(done))[0]
-    return obs, reward, done
+    return obs, reward, terminated, done, last
 
 
 class Normalizer:
-    """CleanRL's NormalizeObservation + clip and NormalizeReward + clip for all envs at once (one set of statistics fed
-    every env's values each step), each env's discounted return restarting at 0 when its episode ends by termination or
-    time limit (gymnasium's: only on termination, so on HalfCheetah never). The statistics (mean, population variance,
-    count; from gymnasium's 0, 1, 1e-4) are float64 tensors where the rollout acts, updated in place so compiled code
-    and CUDA graphs keep reading the same storage; the discounted returns accumulate on the host, in the rollout."""
+    """CleanRL's NormalizeObservation + clip and NormalizeReward + clip, as ppo_continuous_action.py's (gymnasium's
+    semantics: an episode's last obs enters the statistics, the discounted return restarts only at a termination) for
+    all envs at once (one set of statistics fed every env's values each step). The statistics (mean, population
+    variance, count; from gymnasium's 0, 1, 1e-4) are float64 tensors where the rollout acts, updated in place so
+    compiled code and CUDA graphs keep reading the same storage; the discounted returns accumulate on the host."""
 
     def __init__(self, num_envs: int, obs_dim: int, gamma: float, device, clip: float = 10.0, eps: float = 1e-8):
         f64 = dict(dtype=torch.float64, device=device)
@@ -177,8 +179,9 @@ class Normalizer:
         self.clip = clip
         self.eps = eps
 
-    def obs(self, obs):
-        """Merge the obs the agent is about to see into the statistics (Chan et al.'s parallel update); normalize."""
+    def observe(self, obs):
+        """Merge observations into the statistics (Chan et al.'s parallel update), in place. Called alone (eager) for
+        the last obs of ended episodes, which the agent does not act on."""
         s = self.obs_rms
         n = obs.shape[0]
         delta = obs.mean(0) - s.mean
@@ -186,14 +189,18 @@ class Normalizer:
         s.var.copy_((s.var * s.count + obs.var(0, unbiased=False) * n + delta**2 * s.count * n / total) / total)
         s.mean.add_(delta * n / total)
         s.count.copy_(total)
+
+    def obs(self, obs):
+        """Merge the obs the agent is about to see into the statistics; normalize it."""
+        self.observe(obs)
+        s = self.obs_rms
         return ((obs - s.mean) / (s.var + self.eps).sqrt()).clamp(-self.clip, self.clip).float()
 
-    def discounted_return(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
-        """One step of each env's discounted return (host, numpy): its value after this step's reward."""
-        self.ret = self.ret * self.gamma + reward
-        out = self.ret.copy()
-        self.ret[done] = 0.0
-        return out
+    def discounted_return(self, reward: np.ndarray, terminated: np.ndarray) -> np.ndarray:
+        """One step of each env's discounted return (host, numpy), gymnasium's `return * gamma * (1 - terminated) +
+        reward`: its value after this step's reward."""
+        self.ret = self.ret * self.gamma * (1 - terminated) + reward
+        return self.ret.copy()
 
     def rewards(self, rewards, returns):
         """A rollout's rewards [steps, envs] scaled by the std of the discounted return, the statistics merged with
@@ -329,8 +336,10 @@ def rollout(envs, policy, normalize, normalizer, numpy_act, next_obs, next_done,
         else:
             actions[step] = policy(next_obs, noise[step]).cpu().numpy()
         t1 = time.perf_counter()
-        raw_obs, reward, next_done = env_step(envs, np.clip(actions[step], *action_bounds))
+        raw_obs, reward, terminated, next_done, last = env_step(envs, np.clip(actions[step], *action_bounds))
         t2 = time.perf_counter()
+        if len(last):  # before the reset's obs, as gymnasium's NormalizeObservation sees them
+            normalizer.observe(torch.from_numpy(last).to(normalizer.obs_rms.mean.device))
         if numpy_act:
             next_obs = normalize(raw_obs)
         else:
@@ -338,7 +347,7 @@ def rollout(envs, policy, normalize, normalizer, numpy_act, next_obs, next_done,
         t_env += t2 - t1
         t_policy += t1 - t0 + time.perf_counter() - t2
         rewards[step] = reward
-        returns[step] = normalizer.discounted_return(reward, next_done)
+        returns[step] = normalizer.discounted_return(reward, terminated)
         episodes.record(reward, next_done)
     buf["obs"].copy_(torch.from_numpy(np.stack(obs)) if numpy_act else torch.stack(obs), non_blocking=True)
     buf["actions"].copy_(torch.from_numpy(actions), non_blocking=True)

@@ -72,7 +72,7 @@ class Args:
     target_network_frequency: int = 1
     """the frequency of updates for the target networks"""
     alpha: float = 0.2
-    """entropy regularization coefficient (the starting value with --autotune)"""
+    """entropy regularization coefficient, fixed, without --autotune (--autotune starts at 1, as CleanRL's)"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
 
@@ -236,7 +236,8 @@ def main(args: Args):
     q_optimizer = torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.q_lr)
     actor_optimizer = torch.optim.Adam(list(actor.parameters()), lr=args.policy_lr)
     target_entropy = -float(n_actions)  # CleanRL's heuristic: -dim(A)
-    log_alpha = torch.full((1,), float(np.log(args.alpha)), device=device, requires_grad=True)
+    # CleanRL starts autotuning at log_alpha = 0 (alpha 1); --alpha is the fixed alpha without --autotune
+    log_alpha = torch.full((1,), 0.0 if args.autotune else float(np.log(args.alpha)), device=device, requires_grad=True)
     a_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr)
     nets = dict(actor=actor, qf1=qf1, qf2=qf2, qf1_target=qf1_target, qf2_target=qf2_target)
     optimizers = dict(q_optimizer=q_optimizer, actor_optimizer=actor_optimizer, a_optimizer=a_optimizer)

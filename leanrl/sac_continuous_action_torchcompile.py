@@ -85,7 +85,7 @@ class Args:
     target_network_frequency: int = 1
     """the frequency of updates for the target networks"""
     alpha: float = 0.2
-    """entropy regularization coefficient (the starting value with --autotune)"""
+    """entropy regularization coefficient, fixed, without --autotune (--autotune starts at 1, as CleanRL's)"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
 
@@ -364,7 +364,8 @@ def main(args: Args):
     # the inference copy: the learner's storage as plain tensors without requires_grad
     actor_inference = Actor(n_obs, n_actions, low, high).to(device)
     from_module(actor).data.to_module(actor_inference, preserve_module_state=False)
-    log_alpha = torch.full((1,), math.log(args.alpha), device=device)
+    # CleanRL starts autotuning at log_alpha = 0 (alpha 1); --alpha is the fixed alpha without --autotune
+    log_alpha = torch.full((1,), 0.0 if args.autotune else math.log(args.alpha), device=device)
     # the learning rates are tensors: compiled code reads them, CUDA graphs need them on the device
     q_lr = torch.tensor(args.q_lr, device=device)
     policy_lr = torch.tensor(args.policy_lr, device=device)

@@ -1,14 +1,18 @@
 """Classic-control DQN: dqn.py (eager baseline) and dqn_torchcompile.py."""
 
 import functools
+import signal
+import sys
 
 import numpy as np
 import pytest
 import torch
 
+import plumbing
 from conftest import (
     SUMMARY_FIELDS,
     assert_rejected,
+    load_script,
     read_metrics,
     read_summary,
     run_ids,
@@ -295,6 +299,66 @@ def test_resume_continues_and_names_the_writer(smoke, tmp_path):
         "dqn_torchcompile.py", *TINY, "--resume", str(base_dir / "agent.pt"), log_dir=tmp_path / "x", check=False
     )
     assert proc.returncode == 2 and "written by dqn.py" in proc.stderr
+
+
+def run_in_process(module, monkeypatch, *argv):
+    """module.main as the command line `argv` would run it, in this process (no compile: seconds on CartPole); the
+    run's signal handlers are left out, so that pytest keeps its own, and its thread count is undone."""
+    monkeypatch.setattr(sys, "argv", [f"{module.__name__}.py", *argv])
+    monkeypatch.setattr(signal, "signal", lambda *handler: None)
+    threads = torch.get_num_threads()
+    module.main(plumbing.parse_args(module.Args))
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name", ["dqn", "dqn_torchcompile"])
+def test_resume_samples_the_checkpointed_buffer(name, tmp_path, monkeypatch):
+    """--resume continues on the replay buffer the checkpoint holds. A run of 600 steps saves its 600 transitions
+    (CartPole's default buffer of 10,000 is not full); resumed to 620, the buffer that the first update after the
+    resume samples from (the script's `update` gets it as `fields`, the baseline's `ReplayBuffer.sample` reads
+    `self.data`) holds the checkpoint's 600 rows, then the transitions acted since: CartPole states (no zero row),
+    each next_obs the following obs within an episode, as the resumed run's own checkpoint holds them."""
+    module = load_script(name)
+    flags = [*TINY[2:], "--save-model"]
+    run_in_process(module, monkeypatch, "--total-timesteps", "600", *flags, "--log-dir", str(tmp_path / "first"))
+    held = torch.load(tmp_path / "first" / "agent.pt", weights_only=True)
+    assert held["buffer_pos"] == 600 and not held["buffer_full"]
+    sampled = []  # the buffer each update after the resume samples from, as it was then
+    if name == "dqn":
+        sample = module.ReplayBuffer.sample
+        monkeypatch.setattr(
+            module.ReplayBuffer, "sample", lambda rb, *a, **k: sampled.append(rb.data.clone()) or sample(rb, *a, **k)
+        )
+    else:
+        update = module.update
+        monkeypatch.setattr(
+            module, "update", lambda *a: sampled.append({k: v.clone() for k, v in a[-2].items()}) or update(*a)
+        )
+    resumed = tmp_path / "resumed"
+    run_in_process(
+        module,
+        monkeypatch,
+        "--total-timesteps",
+        "620",
+        *flags,
+        "--resume",
+        str(tmp_path / "first" / "agent.pt"),
+        "--log-dir",
+        str(resumed),
+    )
+    assert len(sampled) == 2  # the updates at steps 600 and 610 (every 10 steps), each after its step's transition
+    saved = torch.load(resumed / "agent.pt", weights_only=True)
+    assert saved["buffer_pos"] == 620
+    for buffer in (*sampled, saved["buffer"]):
+        for key, rows in held["buffer"].items():
+            torch.testing.assert_close(buffer[key][:600], rows[:600], msg=f"{key}: not the checkpoint's rows")
+    new = {key: rows[600:620] for key, rows in saved["buffer"].items()}
+    assert (new["obs"].abs().sum(1) > 0).all(), "a zero row where the resumed run acted"
+    within = new["dones"][:-1] == 0  # the resumed episode starts at step 600: no truncation (500 steps) in 20
+    torch.testing.assert_close(new["next_obs"][:-1][within], new["obs"][1:][within])
+    for n, buffer in zip((601, 611), sampled):  # the rows written before each update
+        for key, rows in saved["buffer"].items():
+            torch.testing.assert_close(buffer[key][600:n], rows[600:n], msg=f"sampled {key}: not the saved rows")
 
 
 BAD_INPUT = [

@@ -1,5 +1,8 @@
 """Atari DQN: dqn_atari_envpool.py (eager baseline) and dqn_atari_envpool_torchcompile.py."""
 
+from unittest import mock
+
+import envpool
 import numpy as np
 import pytest
 import torch
@@ -45,54 +48,48 @@ def test_smoke(smoke, script, flags):
 
 
 def play(fill, steps=400, seed=3):
-    """Random play in Breakout through the scripts' own envpool settings; `fill(frame, action, reward, done, game_over)`
-    gets every step as the scripts' loops give it. Returns the obs stacks envpool gave for the steps the buffer keeps
-    (not the reset steps after a game over), in order, with their done flags."""
+    """Random play in Breakout through the scripts' own envpool settings; `fill` gets every step's newest frame, action
+    and envpool outputs as the scripts' loops give them to ReplayBuffer.add. Returns the obs stack envpool gave for each
+    step, in order."""
     base = load_script("dqn_atari_envpool")
     env = base.make_env(base.Args(), seed=seed)
     rng = np.random.default_rng(seed)
     obs, _ = env.reset()
-    kept, resetting = [], False
+    kept = []
     for _ in range(steps):
         action = int(rng.integers(4))
         next_obs, reward, terminated, truncated, info = env.step(np.array([action]))
-        game_over = bool(info["terminated"][0] or truncated[0])
-        done = bool(terminated[0] or truncated[0])
-        if not resetting:
-            kept.append((obs[0].copy(), done))
-        fill(obs[0, -1], action, reward[0], done, game_over)
-        resetting = game_over
+        kept.append(obs[0].copy())
+        fill(obs[0, -1], action, reward[0], terminated[0], truncated[0], info["lives"][0], info["terminated"][0])
         obs = next_obs
     return kept
 
 
-def check_stacks(kept, size, pos, sampleable, stack_of):
-    """Every sampleable slot's rebuilt obs is envpool's stack, and its next obs too unless the step ended a life or a
-    game."""
-    n = len(kept)
+def check_stacks(kept, size, sampleable, stack_of):
+    """Every sampleable slot's rebuilt obs is the stack envpool gave for the step written there last, and its next obs
+    the next step's."""
     for slot in sampleable:
-        j = max(k for k in range(n) if k % size == slot)  # the newest transition written to that slot
-        obs, done = kept[j]
-        assert np.array_equal(stack_of(slot), obs), slot
-        if not done:
-            assert np.array_equal(stack_of((slot + 1) % size), kept[j + 1][0]), slot
+        j = max(k for k in range(len(kept)) if k % size == slot)  # the newest step written to that slot
+        assert np.array_equal(stack_of(slot), kept[j]), slot
+        assert np.array_equal(stack_of((slot + 1) % size), kept[j + 1]), slot
 
 
 @pytest.mark.parametrize("size", [64, 4096], ids=["wrapped", "not-full"])
 def test_buffer_rebuilds_envpool_stacks(tc, size):
-    """Single frames in, the 4-frame stacks envpool gave out, across life losses, game overs and the wrap-around."""
+    """Single frames in, the 4-frame stacks envpool gave out, across life losses, game overs and the wrap-around; a
+    batch never holds a reset step's slot (action -1)."""
     rb = tc.ReplayBuffer(size, "cpu", stage=4)
     kept = play(rb.add, steps=600)
     rb.flush()
-    assert any(d for _, d in kept)  # random Breakout loses lives within 600 steps: the stacks crossed episode ends
+    resets = set(torch.nonzero(rb.fields["actions"] < 0).view(-1).tolist())
+    assert resets  # random Breakout loses lives within 600 steps: the stacks crossed episode ends
     inds = rb.sample_indices(50_000, torch.Generator().manual_seed(0))
     sampleable = sorted(set(inds.tolist()))
-    if size == 64:
-        assert rb.full and len(sampleable) == size - 4  # the newest slot and the 3 oldest are left out
-        assert not {rb.pos, (rb.pos + 1) % size, (rb.pos + 2) % size, (rb.pos - 1) % size} & set(sampleable)
+    if size == 64:  # the newest slot and the 3 oldest are left out
+        assert rb.full and set(sampleable) == {(rb.pos + 3 + k) % size for k in range(size - 4)} - resets
     else:
-        assert sampleable == list(range(rb.pos - 1))
-    check_stacks(kept, size, rb.pos, sampleable, lambda slot: tc.stacks(rb.fields, torch.tensor([slot]))[0].numpy())
+        assert set(sampleable) == set(range(rb.pos - 1)) - resets
+    check_stacks(kept, size, sampleable, lambda slot: tc.stacks(rb.fields, torch.tensor([slot]))[0].numpy())
 
 
 def test_baseline_buffer_rebuilds_envpool_stacks(base):
@@ -102,7 +99,6 @@ def test_baseline_buffer_rebuilds_envpool_stacks(base):
     check_stacks(
         kept,
         64,
-        rb.pos,
         [(first + k) % 64 for k in range(count)],
         lambda slot: rb.stacks(torch.tensor([slot]))[0].numpy(),
     )
@@ -118,6 +114,93 @@ def test_update_gathers_the_stacks_dqn_atari_envpool_samples(tc, base):
     inds = rb.sample_indices(32, torch.Generator().manual_seed(0))
     assert torch.equal(tc.stacks(rb.fields, inds), brb.stacks(inds))
     assert torch.equal(tc.stacks(rb.fields, (inds + 1) % 64), brb.stacks((inds + 1) % 64))
+
+
+def raw_play(steps: int, seed: int = 3, time_limit: int = 90) -> tuple:
+    """Random play in Breakout through the scripts' own envpool settings (make_env) with a time limit of `time_limit`
+    steps a game, so that games end by truncation as well as by losing all lives. Returns the lives at the reset and
+    envpool's raw output of every step, with the obs it was taken from."""
+    base = load_script("dqn_atari_envpool")
+    make = envpool.make
+    with mock.patch.object(envpool, "make", lambda *a, **k: make(*a, max_episode_steps=time_limit, **k)):
+        env = base.make_env(base.Args(), seed=seed)
+    rng = np.random.default_rng(seed)
+    obs, info = env.reset()
+    raw = []
+    for _ in range(steps):
+        action = int(rng.integers(4))
+        next_obs, reward, terminated, truncated, out = env.step(np.array([action]))
+        raw.append((obs[0].copy(), action, reward[0], terminated[0], truncated[0], out, next_obs[0].copy()))
+        obs = next_obs
+    return info["lives"][0], raw
+
+
+def cleanrl_transitions(lives: int, raw: list) -> list:
+    """What CleanRL's dqn_atari.py stores for the same play. Its gymnasium vector env resets inside the step that ended
+    a life, a game or the time limit, so every transition is a step its agent took: obs, action, clipped reward, done =
+    the termination (EpisodicLifeEnv: a life lost or the game over; a truncation bootstraps) and, unless done, the next
+    obs (real_next_obs: at a truncation the last obs, not the reset's). Envpool's step after such an end only resets
+    (no-ops and FIRE, the action ignored, reward 0): no transition. Each as (obs, action, reward, done, next obs) with
+    the stacks as bytes."""
+    out = []
+    resetting = False
+    for obs, action, reward, terminated, truncated, info, next_obs in raw:
+        lost = 0 < info["lives"][0] < lives
+        lives = info["lives"][0]
+        if not resetting:
+            done = bool(info["terminated"][0] or lost)
+            out.append((obs.tobytes(), action, float(reward), done, None if done else next_obs.tobytes()))
+        resetting = bool(terminated or truncated)
+    return out
+
+
+def as_transitions(batch: dict) -> set:
+    """A batch (obs, next_obs, actions, rewards, dones) as the set of its distinct transitions, cleanrl_transitions'
+    form."""
+    rows = zip(batch["obs"], batch["actions"].tolist(), batch["rewards"].tolist(), batch["dones"].tolist())
+    return {
+        (o.numpy().tobytes(), a, r, bool(d), None if d else n.numpy().tobytes())
+        for (o, a, r, d), n in zip(rows, batch["next_obs"])
+    }
+
+
+@pytest.mark.parametrize("size", [64, 1024], ids=["wrapped", "not-full"])
+@pytest.mark.parametrize("name", ["dqn_atari_envpool", "dqn_atari_envpool_torchcompile"])
+def test_buffer_holds_cleanrl_transitions(name, size):
+    """600 steps of random Breakout with 90-step games (life losses, game overs and truncations), fed to the replay
+    buffer as the script's loop feeds it, then sampled (50,000 draws, every slot a batch may hold): each sampled
+    transition is one CleanRL stores for that play (cleanrl_transitions, built from envpool's raw outputs: no reset
+    step, truncations not done and bootstrapping from the last obs), and every transition CleanRL stored is drawn
+    (all but the newest, whose next obs may not be written yet; once the ring wrapped, the newest 31 of them)."""
+    module = load_script(name)
+    lives, raw = raw_play(600)
+    expected = cleanrl_transitions(lives, raw)
+    assert sum(t[3] for t in expected) >= 4 and sum(r[4] for r in raw) >= 2  # lives lost, games truncated
+    rb = module.ReplayBuffer(size, "cpu", stage=4) if "torchcompile" in name else module.ReplayBuffer(size, "cpu")
+    for obs, action, reward, terminated, truncated, info, _ in raw:  # as main calls it
+        rb.add(obs[-1], action, reward, terminated, truncated, info["lives"][0], info["terminated"][0])
+    g = torch.Generator().manual_seed(0)
+    if "torchcompile" in name:  # the batch `update` gathers
+        rb.flush()
+        inds = torch.tensor(sorted(set(rb.sample_indices(50_000, g).tolist())))
+        f = rb.fields
+        batches = [
+            dict(
+                obs=module.stacks(f, inds),
+                next_obs=module.stacks(f, (inds + 1) % size),
+                **{k: f[k][inds] for k in ("actions", "rewards", "dones")},
+            )
+        ]
+    else:
+        batches = [rb.sample(1000, g) for _ in range(50)]
+    sampled = set().union(*map(as_transitions, batches))
+    foreign = sorted(t[1:4] for t in sampled - set(expected))
+    assert foreign == [], (
+        f"{len(foreign)} of {len(sampled)} sampled are not CleanRL's, (action, reward, done): {foreign}"
+    )
+    newest = expected[:-1] if size == 1024 else expected[-32:-1]
+    missed = len(set(newest) - sampled)
+    assert missed == 0, f"{missed} of CleanRL's {len(set(newest))} newest transitions never sampled"
 
 
 BAD_INPUT = [

@@ -9,6 +9,7 @@ import functools
 import signal
 
 import envpool
+import gymnasium
 import numpy as np
 import pytest
 import torch
@@ -61,10 +62,11 @@ def test_checkpoint_holds_the_normalizer_and_resume_restores_it(smoke, script, t
     assert resumed["ret_rms"]["count"].item() == pytest.approx(1e-4 + 384)
 
 
-def reference_normalizer(obs, rewards, dones, gamma, clip=10.0, eps=1e-8):
+def reference_normalizer(obs, rewards, terminated, gamma, clip=10.0, eps=1e-8):
     """Plain numpy, written from the definitions: observations normalized by the mean and variance of all the
     observations seen so far (this one included), with gymnasium's prior of weight 1e-4 at mean 0, variance 1;
-    rewards divided by the std of all discounted returns seen so far, each return summed from its episode's start."""
+    rewards divided by the std of all discounted returns seen so far, each return summed from the env's last
+    termination on, that step's reward included (gymnasium's NormalizeReward)."""
     T, N, _ = obs.shape
     w = 1e-4
     norm_obs, scaled = np.zeros_like(obs), np.zeros_like(rewards)
@@ -77,9 +79,8 @@ def reference_normalizer(obs, rewards, dones, gamma, clip=10.0, eps=1e-8):
     for n in range(N):
         start = 0
         for t in range(T):
+            start = t if terminated[t, n] else start
             returns[t, n] = sum(gamma ** (t - k) * rewards[k, n] for k in range(start, t + 1))
-            if dones[t, n]:
-                start = t + 1
     for t in range(T):
         seen = returns[: t + 1].reshape(-1)
         mean = seen.sum() / (len(seen) + w)
@@ -89,7 +90,7 @@ def reference_normalizer(obs, rewards, dones, gamma, clip=10.0, eps=1e-8):
 
 
 def normalizer_data():
-    """3 envs, 40 steps: observations with offsets and scales far from 0 and 1, episodes ending at different steps
+    """3 envs, 40 steps: observations with offsets and scales far from 0 and 1, episodes terminating at different steps
     (env 1 twice, env 2 never), and one reward large enough to be clipped."""
     rng = np.random.default_rng(0)
     T, N, D = 40, 3, 5
@@ -140,6 +141,140 @@ def test_compiled_normalizer_updates_the_same_statistics(tc):
         torch.testing.assert_close(getattr(compiled.obs_rms, name), getattr(eager.obs_rms, name))
 
 
+def hopper_record(steps=200, seed=3, time_limit=20) -> tuple:
+    """Random play in Hopper-v4 through envpool, each ended episode reset at once, with 20-step episodes: some end by
+    termination (a fall), some by the time limit. Returns the reset observations in order and every step's raw
+    (obs, reward, terminated, truncated)."""
+    envs = envpool.make("Hopper-v4", env_type="gymnasium", num_envs=1, seed=seed, max_episode_steps=time_limit)
+    resets = [envs.reset()[0][0]]
+    record = []
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        obs, reward, terminated, truncated, _ = envs.step(rng.uniform(-1, 1, (1, 3)))
+        record.append((obs[0], reward[0], bool(terminated[0]), bool(truncated[0])))
+        if terminated[0] or truncated[0]:
+            resets.append(envs.reset(np.array([0]))[0][0])
+    envs.close()
+    return resets, record
+
+
+class Replay:
+    """Replays hopper_record's play whatever the actions, as one env of an envpool pool (step, reset by env ids) and
+    as a gymnasium.Env (`single`), so that the scripts and CleanRL's wrappers see the same raw values."""
+
+    def __init__(self, resets, record):
+        self.resets = iter(resets)
+        self.record = iter(record)
+
+    def reset(self, env_ids=None, **_):
+        return next(self.resets)[None].copy(), {}
+
+    def step(self, action):
+        obs, reward, terminated, truncated = next(self.record)
+        return obs[None].copy(), np.array([reward]), np.array([terminated]), np.array([truncated]), {}
+
+    def single(self):
+        replay = self
+
+        class Env(gymnasium.Env):
+            observation_space = gymnasium.spaces.Box(-np.inf, np.inf, (11,), np.float64)
+            action_space = gymnasium.spaces.Box(-1.0, 1.0, (3,), np.float32)
+
+            def reset(self, seed=None, options=None):
+                return replay.reset()[0][0], {}
+
+            def step(self, action):
+                obs, reward, terminated, truncated, _ = replay.step(action)
+                return obs[0], float(reward[0]), bool(terminated[0]), bool(truncated[0]), {}
+
+        return Env()
+
+
+def cleanrl_normalized(resets, record) -> tuple:
+    """CleanRL's ppo_continuous_action.py normalization of the same play: its make_env's gymnasium wrappers
+    (NormalizeObservation, a clip to [-10, 10], NormalizeReward with gamma, a clip; FlattenObservation,
+    RecordEpisodeStatistics and ClipAction change no value here) in a vector env that resets an ended env within the
+    step (CleanRL's gymnasium 0.29, SAME_STEP in gymnasium 1.x). Returns the observations the agent sees (the first
+    after each end is the reset's) and the scaled rewards."""
+
+    def make_env():
+        env = Replay(resets, record).single()
+        env = gymnasium.wrappers.NormalizeObservation(env)
+        env = gymnasium.wrappers.TransformObservation(env, lambda o: np.clip(o, -10, 10), env.observation_space)
+        env = gymnasium.wrappers.NormalizeReward(env, gamma=GAMMA)
+        return gymnasium.wrappers.TransformReward(env, lambda r: np.clip(r, -10, 10))
+
+    envs = gymnasium.vector.SyncVectorEnv([make_env], autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP)
+    obs = [envs.reset()[0]]
+    rewards = []
+    for _ in record:
+        o, r, _, _, _ = envs.step(np.zeros((1, 3), np.float32))
+        obs.append(o)
+        rewards.append(r)
+    return np.array(obs), np.array(rewards)
+
+
+@pytest.mark.parametrize("how", ["baseline", "torch", "numpy_act"])
+def test_normalizers_match_cleanrls_gymnasium_wrappers(how):
+    """The scripts' observation normalization and reward scaling, fed a replayed Hopper play (200 steps, episodes
+    ending by falls and by the 20-step time limit), give CleanRL's: gymnasium's wrappers as CleanRL's make_env stacks
+    them (cleanrl_normalized). Among what that takes: the discounted return behind the reward scale restarts only at a
+    termination, with that step's reward (gymnasium's `return * gamma * (1 - terminated) + reward`), never at a
+    truncation, and an episode's last observation enters the statistics before the reset's. The baseline is driven as
+    its main loop drives it; the torchcompile script through its `rollout` (torch's normalizer, and numpy's)."""
+    resets, record = hopper_record()
+    assert sum(r[2] for r in record) >= 2 and sum(r[3] for r in record) >= 2  # falls and time limits
+    expected_obs, expected_rewards = cleanrl_normalized(resets, record)
+    envs = Replay(resets, record)
+    steps = len(record)
+    if how == "baseline":
+        module = load_script("ppo_continuous_action")
+        normalizer = module.Normalizer(1, 11, GAMMA)
+        obs = [normalizer.obs(envs.reset()[0])]
+        rewards = []
+        for _ in range(steps):  # as main's rollout
+            next_obs, reward, terminated, _, last = module.env_step(envs, np.zeros((1, 3)))
+            rewards.append(normalizer.reward(reward, terminated))
+            if len(last):
+                normalizer.observe(last)
+            obs.append(normalizer.obs(next_obs))
+        obs, rewards = np.array(obs), np.array(rewards)
+    else:
+        module = load_script("ppo_continuous_action_torchcompile")
+        normalizer = module.Normalizer(1, 11, GAMMA, "cpu")
+        buf = {
+            k: torch.zeros((steps, 1) + dims)
+            for k, dims in (("obs", (11,)), ("actions", (3,)), ("dones", ()), ("rewards", ()))
+        }
+        noise = torch.zeros(steps, 1, 3)
+        actor_mean = module.Agent(11, 3).requires_grad_(False).actor_mean
+        if how == "numpy_act":
+            normalize, policy = module.numpy_units(actor_mean, normalizer)
+            next_obs = normalize(envs.reset()[0])
+            noise = noise.numpy()
+        else:
+            normalize = normalizer.obs
+            policy = functools.partial(module.act, actor_mean)
+            next_obs = normalize(torch.from_numpy(envs.reset()[0]))
+        last = module.rollout(
+            envs,
+            policy,
+            normalize,
+            normalizer,
+            how == "numpy_act",
+            next_obs,
+            np.zeros(1, dtype=bool),
+            buf,
+            plumbing.Episodes(1),
+            noise,
+            (-np.ones(3), np.ones(3)),
+        )[0]
+        obs = np.concatenate([buf["obs"].detach().numpy(), np.asarray(last)[None]])
+        rewards = buf["rewards"].numpy()
+    np.testing.assert_allclose(rewards, expected_rewards, rtol=1e-5, atol=1e-5, err_msg="rewards")
+    np.testing.assert_allclose(obs, expected_obs, rtol=1e-5, atol=1e-5, err_msg="observations")
+
+
 @pytest.mark.parametrize("name", ["ppo_continuous_action", "ppo_continuous_action_torchcompile"])
 def test_auto_reset_keeps_every_transition_real(name):
     """envpool resets an env on the step after its episode ended (reward 0, action ignored). env_step resets at
@@ -152,7 +287,7 @@ def test_auto_reset_keeps_every_transition_real(name):
     actions = np.random.default_rng(0).uniform(-1, 1, size=(15, 2, 6))
     rewards, dones = [], []
     for a in actions:
-        _, reward, done = module.env_step(envs, a)
+        _, reward, _, done, _ = module.env_step(envs, a)
         episodes.record(reward, done)
         rewards.append(reward)
         dones.append(done)

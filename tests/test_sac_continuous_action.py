@@ -59,13 +59,25 @@ def test_smoke_writes_logs(smoke, script):
         assert all(np.isfinite(row[k]) for k in LOSSES + ("t_update", "t_env"))
         if script.startswith("sac"):
             assert np.isfinite(row["alpha_loss"])
-            assert 0 < row["alpha"] < 0.2  # autotuned down from 0.2: the entropy of a fresh actor is above -6
     assert rows[1]["fps"] is None and rows[2]["fps"] > 0  # fps only after learning_starts + 100 burn-in steps
     summary = read_summary(log_dir)
     assert summary["script"] == script[:-3] and summary["global_step"] == 600 and summary["num_threads"] == 1
     assert (summary["compile_time"] or 0) > 0 if "--compile" in RUNS[script] else summary["compile_time"] is None
     said = [ln for ln in proc.stderr.splitlines() if "--cudagraphs" in ln]
     assert len(said) == 1 and "ignored" in said[0], proc.stderr
+
+
+@pytest.mark.parametrize("script", [s for s in SCRIPTS if s.startswith("sac")])
+def test_sac_autotune_starts_alpha_at_one(smoke, script):
+    """With --autotune (the default) CleanRL's SAC starts at log_alpha = 0, alpha 1 (--alpha is used only without
+    it). Each Adam step moves log_alpha by at most about q_lr = 1e-3, and a fresh actor's entropy is above
+    -dim(A) = -6, so alpha falls from 1: after 200 and 400 alpha updates (the smoke rows at steps 400 and 600) it lies
+    in (exp(-0.44), 1). Started at --alpha's 0.2 it would lie below 0.2."""
+    _, log_dir = smoke[script]
+    rows = read_metrics(log_dir)
+    alphas = [r["alpha"] for r in rows[1:]]
+    assert all(math.exp(-1.1e-3 * 400) < a < 1 for a in alphas), alphas
+    assert alphas[1] < alphas[0], alphas
 
 
 def fixed_batch(seed=0):
@@ -101,7 +113,7 @@ def sac_units(tc, compiled=False, **flags):
     qnet = qf1.to("meta")
     actor_inference = tc.Actor(N_OBS, N_ACT, LOW, HIGH)
     from_module(actor).data.to_module(actor_inference, preserve_module_state=False)
-    log_alpha = torch.full((1,), math.log(args.alpha))
+    log_alpha = torch.full((1,), 0.0 if args.autotune else math.log(args.alpha))
     q_lr = torch.tensor(args.q_lr)
     policy_lr = torch.tensor(args.policy_lr)
     q_optimizer = tc.make_optimizer(list(q_params.values()), q_lr, False)
@@ -167,7 +179,7 @@ def cleanrl_update(base, actor, qf1, qf2, batch, seeds, gamma=0.99, tau=0.005, p
         t.load_state_dict(q.state_dict())
     q_opt = torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=1e-3)
     a_opt_actor = torch.optim.Adam(actor.parameters(), lr=3e-4)
-    log_alpha = torch.full((1,), float(np.log(0.2)), requires_grad=True)
+    log_alpha = torch.zeros(1, requires_grad=True)  # CleanRL's start with --autotune
     a_opt = torch.optim.Adam([log_alpha], lr=1e-3)
     alpha = log_alpha.exp().item()
     torch.manual_seed(seeds[0])
@@ -314,7 +326,7 @@ def test_resume_continues(smoke, script, tmp_path):
     rows = read_metrics(tmp_path / "resumed")
     assert [r["global_step"] for r in rows] == [800, 1000] and [r["buffer"] for r in rows] == [200, 400]
     if script.startswith("sac"):
-        assert abs(rows[0]["alpha"] - read_metrics(first)[-1]["alpha"]) < 1e-3  # not restarted at 0.2
+        assert abs(rows[0]["alpha"] - read_metrics(first)[-1]["alpha"]) < 1e-3  # not restarted at 1
     assert np.isfinite(rows[1]["qf1_loss"])
 
 
