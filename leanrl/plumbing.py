@@ -374,25 +374,54 @@ CHECKPOINT_FORMAT = 2
 
 
 def save_checkpoint(path: str, script: str, args, **state):
-    """`state` with the writing script's name and flags, written atomically (`write_atomically`). Serialized in memory
-    first: a full disk is then an OSError of one write, not an error deep in torch's C++ writer."""
-    buffer = io.BytesIO()
-    torch.save(dict(script=script, format=CHECKPOINT_FORMAT, args=asdict(args), **state), buffer)
-    write_atomically(path, buffer.getbuffer())
+    """`state` with the writing script's name and flags, written atomically (`write_atomically`) and streamed into the
+    file: a checkpoint that holds a replay buffer (gigabytes for Atari) is not copied in memory first."""
+    checkpoint = dict(script=script, format=CHECKPOINT_FORMAT, args=asdict(args), **state)
+    write_atomically(path, lambda f: torch.save(checkpoint, f))
 
 
 # the files a run could not write (a full disk): its exit code is 1 (Run.finish)
 UNWRITTEN = []
 
 
+class WriteErrors(io.RawIOBase):
+    """A file for torch.save that keeps the OSError of a failed write: torch's writer turns it into a RuntimeError
+    that does not say why (a full disk)."""
+
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+        self.error = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+
 def write_atomically(path: str, data) -> bool:
-    """`data` (bytes) written to `path` through `path.tmp` and a rename: a reader sees the file before or the new one,
-    never part of one (a 0-byte summary.json read as a finished run). A failed write (a full disk) removes the
-    temporary file, says so in one line and returns False; the file before it is kept."""
+    """`data` (bytes, or a function that writes into a file) written to `path` through `path.tmp` and a rename: a
+    reader sees the file before or the new one, never part of one (a 0-byte summary.json read as a finished run). A
+    failed write (a full disk) removes the temporary file, says so in one line and returns False; the file before it is
+    kept."""
     tmp = path + ".tmp"
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            out = WriteErrors(f)
+            try:
+                if callable(data):
+                    data(out)
+                else:
+                    f.write(data)
+            except RuntimeError:
+                if out.error is None:
+                    raise
+                raise out.error from None
             f.flush()
             os.fsync(f.fileno())  # a full disk may only show here, and a rename of unwritten data is no safer
         os.replace(tmp, path)

@@ -17,6 +17,22 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "leanrl"))  # the scripts import the plumbing module by its name, as they run
 SMOKE = ["--num-envs", "1", "--num-steps", "64", "--total-timesteps", "256"]
+# the start of a `python -c` program that drives the run plumbing with a stand-in for a script's Args
+PLUMBING_PROGRAM = """
+import os, signal, sys, time
+sys.path.insert(0, "leanrl")
+import plumbing
+from dataclasses import dataclass
+
+@dataclass
+class A:
+    log_dir: str
+    env_id: str = "CartPole-v1"
+    seed: int = 1
+    track: bool = False
+    compile: bool = False
+    total_timesteps: int = 100
+"""
 # the PPO scripts' log schema (DESIGN.md): a metrics.jsonl row per iteration, and summary.json
 PPO_ROW_FIELDS = {
     "iteration",

@@ -50,6 +50,7 @@ IDIOM_BREAKS = (
     "`Optimizer.zero_grad` should not be traced",
     "Tensor.backward()",
     "User-inserted graph break. Message: None",  # torch.optim's _use_grad around step(), and nowhere in leanrl
+    "Attempt to trace generator",  # torch 2.11: a generator frame run eagerly between the idiom's graphs, not a break
 )
 
 COMPILE = torch.compile  # torch's, before eager_backend() patches it

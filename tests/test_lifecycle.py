@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import plumbing
-from conftest import SMOKE, assert_user_error, load_script, read_metrics, run_command, run_script
+from conftest import PLUMBING_PROGRAM, SMOKE, assert_user_error, load_script, read_metrics, run_command, run_script
 from test_plumbing import Args, refused
 
 CPU = torch.device("cpu")
@@ -161,21 +161,11 @@ def test_a_ppo_script_passes_its_batch_as_the_step(tmp_path, capsys, monkeypatch
 
 # --- 12. a full disk at the final writes ----------------------------------------------------------------------------
 
-FINAL_WRITES = """
-import os, resource, sys
-sys.path.insert(0, "leanrl")
+FINAL_WRITES = (
+    PLUMBING_PROGRAM
+    + """
+import resource
 import torch
-import plumbing
-from dataclasses import dataclass
-
-@dataclass
-class A:
-    log_dir: str
-    env_id: str = "CartPole-v1"
-    seed: int = 1
-    track: bool = False
-    compile: bool = False
-    total_timesteps: int = 100
 
 args = A(sys.argv[1])
 run = plumbing.Run(args, "s", torch.device("cpu"), total_steps=100)
@@ -186,6 +176,7 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 plumbing.save_checkpoint(os.path.join(args.log_dir, "agent.pt"), "s", args, weights=torch.zeros(10**4), global_step=100)
 run.finish(100, final_return=1.0, padding="x" * 4000)
 """
+)
 
 
 def test_a_failed_final_write_leaves_no_partial_file_and_says_so(tmp_path):
@@ -217,21 +208,10 @@ def test_final_writes_are_whole_when_they_fit(tmp_path):
 
 # --- 13. a signal during the final writes ---------------------------------------------------------------------------
 
-SIGNAL_IN_SAVE = """
-import os, signal, sys
-sys.path.insert(0, "leanrl")
+SIGNAL_IN_SAVE = (
+    PLUMBING_PROGRAM
+    + """
 import torch
-import plumbing
-from dataclasses import dataclass
-
-@dataclass
-class A:
-    log_dir: str
-    env_id: str = "CartPole-v1"
-    seed: int = 1
-    track: bool = False
-    compile: bool = False
-    total_timesteps: int = 100
 
 save = torch.save
 
@@ -248,6 +228,7 @@ with run:
 plumbing.save_checkpoint(os.path.join(args.log_dir, "agent.pt"), "s", args, global_step=100)
 run.finish(100, final_return=1.0)
 """
+)
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import plumbing
-from conftest import ROOT, run_command
+from conftest import PLUMBING_PROGRAM, ROOT, run_command
 
 
 @dataclass
@@ -303,20 +303,9 @@ def test_cores_counts_the_cores_the_process_may_use():
     assert plumbing.cores() == len(os.sched_getaffinity(0))
 
 
-STOP = """
-import os, signal, sys, time
-sys.path.insert(0, "leanrl")
-import plumbing
-from dataclasses import dataclass
-
-@dataclass
-class A:
-    log_dir: str
-    env_id: str = "CartPole-v1"
-    seed: int = 1
-    track: bool = False
-    compile: bool = False
-    total_timesteps: int = 100
+STOP = (
+    PLUMBING_PROGRAM
+    + """
 
 run = plumbing.Run(A(sys.argv[1]), "s", None, total_steps=100)
 before_log = sys.argv[2] == "before"
@@ -332,6 +321,7 @@ with run:
 print("consistent", run.consistent, flush=True)
 sys.exit(130 if run.stopping else 0)
 """
+)
 
 
 def test_ctrl_c_asks_to_stop_then_stops_at_once(tmp_path):

@@ -88,6 +88,7 @@ lane_seconds() {  # cores: the lane's planned seconds (time boxes plus the 10 s 
 }
 
 mkdir -p "$OUT"
+if [ "$DRY" != 1 ]; then rm -rf "$OUT/tests" "$OUT/sweep"; fi  # a second try in the slot: a run refuses another's folder
 start=$SECONDS
 echo "== GPU check, commit $COMMIT: $SHARDS shards of tests/test_gpu.py, then the sweep" >&2
 
