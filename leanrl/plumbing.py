@@ -369,8 +369,9 @@ def pick_device(args) -> torch.device:
     return device
 
 
-# the layout of the checkpoints written through save_checkpoint; older files are refused in one line, not a KeyError
-CHECKPOINT_FORMAT = 2
+# the layout of the checkpoints written through save_checkpoint (3: the replay buffers and the DQN env state); older
+# files are refused in one line, not a KeyError
+CHECKPOINT_FORMAT = 3
 
 
 def save_checkpoint(path: str, script: str, args, **state):
