@@ -80,7 +80,7 @@ class Args:
     exploration_fraction: float = 0.10
     """the fraction of `total-timesteps` it takes from start-e to go end-e"""
     learning_starts: int = 80000
-    """timestep to start learning (after --resume: steps of acting that refill the buffer first)"""
+    """timestep to start learning"""
     train_frequency: int = 4
     """the frequency of training"""
 
@@ -97,9 +97,8 @@ class Args:
     save_model: bool = False
     """if toggled, save the networks and optimizer to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
     resume: Optional[str] = None
-    """path of an agent.pt written by --save-model: continue that run (the buffer is not saved: it refills for
-    --learning-starts steps, acting with the restored policy, before the updates go on; envpool cannot snapshot a
-    game: the one in flight is lost)"""
+    """path of an agent.pt written by --save-model: continue that run (the checkpoint holds the replay buffer; envpool
+    cannot snapshot the game in flight, which ends there as a time limit would end it, and a new game starts)"""
     num_threads: int = plumbing.cores()
     """torch intra-op threads (default: every core the process may use: the batch-32 convolution updates use them all;
     on an idle 2-core EPYC, --compile stepped at 114 steps/s on two threads, 74 on one; on a busy machine pass 1 or
@@ -265,10 +264,17 @@ class ReplayBuffer:
         self.lives = None  # the lives envpool gave out last
         self.resetting = False  # whether this step only resets the life or the game
         self.new_game = False  # whether that reset starts a new game (its stack holds only its first frame)
+        self.pending = None  # after a resume: the lost game's next frame, for the reset slot that ends it
 
     def add(self, frame, action: int, reward: float, terminated: bool, truncated: bool, lives: int, game_over: bool):
         """One env step with envpool's outputs for it, as dqn_atari_envpool.py's: CleanRL's transitions, done at a lost
         life or game over; the step after an end only resets, its slot (the last obs) has action -1."""
+        if self.pending is not None:  # resumed: the lost game ends first, as a truncation ends one (see `load`)
+            frame_after = self.pending
+            self.pending = None
+            self.resetting = True
+            self.new_game = True
+            self.add(frame_after, -1, 0.0, False, False, lives, False)
         lost = self.lives is not None and 0 < lives < self.lives
         self.lives = lives
         if self.resetting:
@@ -304,6 +310,30 @@ class ReplayBuffer:
         draws = torch.randint(count, (2 * batch_size,), device=generator.device, generator=generator)
         slots = (first + draws) % self.size
         return slots[torch.argsort((self.fields["actions"][slots] < 0).to(torch.uint8), stable=True)[:batch_size]]
+
+    def state(self, next_frame) -> dict:
+        """The slots written (every slot once the ring has wrapped), where the next goes, the game's age and
+        `next_frame`, the newest frame of the obs the loop holds: the checkpoint's share."""
+        self.flush()
+        rows = slice(None) if self.full else slice(0, self.pos)
+        return dict(
+            data=self.data[rows].cpu().to_dict(),
+            pos=self.pos,
+            full=self.full,
+            age=self.age,
+            next_frame=torch.as_tensor(next_frame).cpu(),
+        )
+
+    def load(self, state: dict):
+        """A checkpoint's slots, copied into this buffer's own tensors. envpool cannot snapshot the game in flight: it
+        ends as a truncation ends a game, its next frame in the slot of the reset that follows (never sampled; its last
+        transition bootstraps from it), written by the next `add`, which plays a new game."""
+        for key, rows in state["data"].items():
+            self.fields[key][: len(rows)].copy_(rows)
+        self.pos = state["pos"]
+        self.full = state["full"]
+        self.age = state["age"]
+        self.pending = state["next_frame"].numpy()
 
 
 def main(args: Args):
@@ -349,8 +379,8 @@ def main(args: Args):
         plumbing.load_optimizer(optimizer, ckpt["optimizer"])
         rng.set_state(ckpt["rng"])
         episodes.load(ckpt["episodes"], restart=True)  # envpool cannot snapshot a game: the one in flight is lost
+        rb.load(ckpt["buffer"])
         global_step = ckpt["global_step"]
-    learn_after = global_step + args.learning_starts  # after a resume: refill the buffer first
     obs, _ = env.reset()
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
@@ -387,7 +417,7 @@ def main(args: Args):
             obs = next_obs
 
             t0 = time.perf_counter()
-            if global_step > learn_after:
+            if global_step > args.learning_starts:
                 if global_step % args.train_frequency == 0:
                     rb.flush()
                     stats[n_updates] = td_update(rb.sample_indices(args.batch_size, rng))
@@ -407,7 +437,7 @@ def main(args: Args):
             td, qv = stats[:n_updates].mean(0).tolist() if n_updates else (None, None)  # the chunk's one host sync
             run.log(
                 global_step,
-                steady=global_step >= learn_after + args.measure_burnin,
+                steady=global_step >= max(start_step, args.learning_starts) + args.measure_burnin,
                 iteration=global_step // args.log_every,
                 episodic_return=episodes.mean(),
                 epsilon=epsilon_schedule(args, global_step - 1).item(),
@@ -442,6 +472,7 @@ def main(args: Args):
             global_step=global_step,
             rng=rng.get_state(),
             episodes=episodes.state(),
+            buffer=rb.state(obs[0, -1]),
         )
     run.finish(
         global_step,

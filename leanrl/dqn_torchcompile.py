@@ -99,7 +99,8 @@ class Args:
     save_model: bool = False
     """if toggled, save the networks, optimizer and replay buffer to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
     resume: Optional[str] = None
-    """path of an agent.pt written by --save-model: continue that run from where it stopped"""
+    """path of an agent.pt written by --save-model: continue that run from where it stopped (the env's state too: the
+    resumed run goes on as if never stopped)"""
     num_threads: int = 1
     """torch intra-op threads (1 measures fastest for these small layers)"""
 
@@ -321,10 +322,12 @@ def main(args: Args):
         rb.pos = ckpt["buffer_pos"]
         rb.full = ckpt["buffer_full"]
         rng.set_state(ckpt["rng"])
-        # the env restarts with a fresh seed: the episode in flight is lost
-        episodes.load(ckpt["episodes"], restart=True)
+        episodes.load(ckpt["episodes"])  # the env resumes too: the episode in flight goes on
         global_step = ckpt["global_step"]
     obs, _ = env.reset(seed=args.seed + global_step)
+    if ckpt:  # the env where the checkpoint left it: the resumed run goes on as if never stopped
+        plumbing.set_env_state(env, ckpt["env"])
+        obs = ckpt["obs"].numpy()
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
     start_step = global_step
@@ -420,6 +423,8 @@ def main(args: Args):
             global_step=global_step,
             rng=rng.get_state(),
             episodes=episodes.state(),
+            env=plumbing.env_state(env),
+            obs=torch.from_numpy(obs),
         )
     run.finish(
         global_step,

@@ -369,8 +369,9 @@ def pick_device(args) -> torch.device:
     return device
 
 
-# the layout of the checkpoints written through save_checkpoint; older files are refused in one line, not a KeyError
-CHECKPOINT_FORMAT = 2
+# the layout of the checkpoints written through save_checkpoint (3: the replay buffers and the DQN env state); older
+# files are refused in one line, not a KeyError
+CHECKPOINT_FORMAT = 3
 
 
 def save_checkpoint(path: str, script: str, args, **state):
@@ -467,6 +468,38 @@ def load_optimizer(optimizer: torch.optim.Optimizer, saved: dict):
     optimizer.load_state_dict(dict(saved, param_groups=groups))
     for group, settings in zip(optimizer.param_groups, own):
         group.update(settings)  # load_state_dict copies the groups: the lr tensor the loop anneals, itself again
+
+
+def env_state(env) -> dict:
+    """Everything that moves in one gymnasium classic-control env (its physics state, its random generator, its time
+    limit's count): a checkpoint holding it, with the obs the loop holds, resumes bit for bit."""
+    import gymnasium as gym
+
+    limit = env
+    while not isinstance(limit, gym.wrappers.TimeLimit):
+        limit = limit.env
+    u = env.unwrapped
+    return dict(
+        state=torch.as_tensor(np.array(u.state, dtype=np.float64)),
+        rng=u.np_random.bit_generator.state,
+        elapsed=limit._elapsed_steps,
+        beyond=getattr(u, "steps_beyond_terminated", None),
+    )
+
+
+def set_env_state(env, state: dict):
+    """`env_state`'s state back into `env`, which has been reset once (gymnasium steps no env before that)."""
+    import gymnasium as gym
+
+    limit = env
+    while not isinstance(limit, gym.wrappers.TimeLimit):
+        limit = limit.env
+    u = env.unwrapped
+    u.state = state["state"].numpy()
+    u.np_random.bit_generator.state = state["rng"]
+    limit._elapsed_steps = state["elapsed"]
+    if hasattr(u, "steps_beyond_terminated"):
+        u.steps_beyond_terminated = state["beyond"]
 
 
 class Episodes:

@@ -103,8 +103,8 @@ class Args:
     """if toggled, save networks, optimizers and the entropy coefficient to `<log_dir>/agent.pt` at the end (and
     on Ctrl-C)"""
     resume: Optional[str] = None
-    """path of an agent.pt written by --save-model: continue that run (the buffer is not saved: it refills, acting
-    with the restored policy, before the updates go on; the env starts a fresh episode)"""
+    """path of an agent.pt written by --save-model: continue that run (the checkpoint holds the replay buffer: the
+    updates go on from the same transitions; the env starts a fresh episode)"""
     bf16: bool = False
     """if toggled, the updates run the networks' matrix products in bf16 (autocast; the losses and Adam stay fp32)"""
     num_threads: int = plumbing.cores()
@@ -168,6 +168,17 @@ class ReplayBuffer:
     def sample(self, batch_size: int, rng: torch.Generator):
         inds = torch.randint(self.filled, (batch_size,), device=self.rows.device, generator=rng)
         return self.split(self.rows[inds])
+
+    def state(self) -> dict:
+        """The transitions written (every row once the ring has wrapped) and where the next one goes: the checkpoint's
+        share, so that a resumed run's updates draw from the same transitions."""
+        return dict(rows=self.rows[: self.filled].cpu(), pos=self.pos, filled=self.filled)
+
+    def load(self, state: dict):
+        """A checkpoint's transitions, copied into this buffer's own tensor (`data` views it)."""
+        self.rows[: len(state["rows"])].copy_(state["rows"])
+        self.pos = state["pos"]
+        self.filled = state["filled"]
 
 
 # CleanRL's networks: 256-unit MLPs with PyTorch's default init
@@ -392,6 +403,7 @@ def main(args: Args):
         targets_step = CudaGraphModule(targets_step)
 
     episodes = plumbing.Episodes(1)
+    rb = ReplayBuffer(args.buffer_size, n_obs, n_actions, device)
     if ckpt:
         actor.load_state_dict(ckpt["actor"])
         plumbing.load_optimizer(q_optimizer, ckpt["q_optimizer"])
@@ -405,7 +417,7 @@ def main(args: Args):
         np_rng.bit_generator.state = ckpt["np_rng"]
         # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
         episodes.load(ckpt["episodes"], restart=True)
-    rb = ReplayBuffer(args.buffer_size, n_obs, n_actions, device)
+        rb.load(ckpt["buffer"])
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
     first_update = None
@@ -502,6 +514,7 @@ def main(args: Args):
             rng=rng.get_state(),
             np_rng=np_rng.bit_generator.state,
             episodes=episodes.state(),
+            buffer=rb.state(),
         )
     run.finish(global_step, episodes.mean(), compile_time)
 

@@ -89,8 +89,8 @@ class Args:
     save_model: bool = False
     """if toggled, save networks and optimizers to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
     resume: Optional[str] = None
-    """path of an agent.pt written by --save-model: continue that run (the buffer is not saved: it refills, acting
-    with the restored policy, before the updates go on; the env starts a fresh episode)"""
+    """path of an agent.pt written by --save-model: continue that run (the checkpoint holds the replay buffer: the
+    updates go on from the same transitions; the env starts a fresh episode)"""
     num_threads: Optional[int] = None
     """torch intra-op threads (default: torch's own, as in CleanRL: the baseline is measured as its users run it)"""
 
@@ -142,6 +142,18 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int, rng: torch.Generator):
         return self.data[torch.randint(self.filled, (batch_size,), device=self.data.device, generator=rng)]
+
+    def state(self) -> dict:
+        """The transitions written (every row once the ring has wrapped) and where the next one goes: the checkpoint's
+        share, so that a resumed run's updates draw from the same transitions."""
+        return dict(data=self.data[: self.filled].cpu().to_dict(), pos=self.pos, filled=self.filled)
+
+    def load(self, state: dict):
+        """A checkpoint's transitions, copied into this buffer's own tensors."""
+        for key, rows in state["data"].items():
+            self.data[key][: len(rows)].copy_(rows)
+        self.pos = state["pos"]
+        self.filled = state["filled"]
 
 
 # CleanRL's networks: 256-unit MLPs with PyTorch's default init
@@ -220,6 +232,7 @@ def main(args: Args):
         for net in nets.values():
             net.compile()
     episodes = plumbing.Episodes(1)
+    rb = ReplayBuffer(args.buffer_size, n_obs, n_actions, device)
     if ckpt:
         for name, obj in (nets | optimizers).items():
             obj.load_state_dict(ckpt[name])
@@ -228,7 +241,7 @@ def main(args: Args):
         np_rng.bit_generator.state = ckpt["np_rng"]
         # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
         episodes.load(ckpt["episodes"], restart=True)
-    rb = ReplayBuffer(args.buffer_size, n_obs, n_actions, device)
+        rb.load(ckpt["buffer"])
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
     first_update = None
@@ -335,6 +348,7 @@ def main(args: Args):
             torch_rng=torch.get_rng_state(),
             np_rng=np_rng.bit_generator.state,
             episodes=episodes.state(),
+            buffer=rb.state(),
         )
     run.finish(global_step, episodes.mean())
 
