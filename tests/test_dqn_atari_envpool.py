@@ -44,7 +44,11 @@ smoke = smoke_fixture(RUNS, [*TINY, "--save-model"])  # each script once per fla
 @pytest.mark.parametrize("script,flags", RUNS, ids=run_ids(RUNS))
 def test_smoke(smoke, script, flags):
     ckpt = check_dqn_smoke(smoke[script, flags], script, flags, every=50)[3]
-    assert "buffer" not in ckpt  # 1M frames are 7.1 GB: a resumed run refills the buffer instead
+    # the checkpoint holds the replay buffer: 300 steps wrapped the 200 slots once, the next write goes to slot 100
+    buffer = ckpt["buffer"]
+    assert (buffer["full"], buffer["pos"]) == (True, 100)
+    assert buffer["data"]["frames"].shape == (200, 84, 84) and buffer["next_frame"].shape == (84, 84)
+    assert set(buffer["data"]["actions"].tolist()) <= {-1, 0, 1, 2, 3}
 
 
 def play(fill, steps=400, seed=3):
