@@ -6,8 +6,9 @@ arithmetic, so each trick removes machinery; each is in the function that holds 
 - `numpy_act` (--numpy-act): on a CPU the greedy action comes from numpy views of the Q-network's weights.
 - `draw_choices`: the exploration of a chunk of steps drawn on the device at once, one transfer per chunk.
 - `ReplayBuffer.add`, `ReplayBuffer.flush`: steps staged in numpy, one copy per field into the device buffer per update.
-- `update`: the batch gathered inside, gradients from torch.func.grad and torch.optim's functional Adam, so that
-  compiled, the whole TD step is one graph (optimizer.step() would break it); lr is a tensor.
+- `update`, `adam_step`: the batch gathered inside, gradients from torch.func.grad and torch.optim's functional Adam,
+  so that compiled, the whole TD step is one graph (loss.backward() and optimizer.step() would each break it); lr is
+  a tensor.
 - `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs);
   once all have compiled the guards are skipped.
 
