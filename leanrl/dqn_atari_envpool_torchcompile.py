@@ -6,8 +6,9 @@ holds it:
 - `draw_choices`: the exploration of a chunk of steps drawn on the device at once, one transfer per chunk.
 - `ReplayBuffer.add`, `ReplayBuffer.flush`: single frames staged in numpy, one copy per field into the device buffer
   per update.
-- `update`: the frame stacks rebuilt on the device (`stacks`), gradients from torch.func.grad and torch.optim's
-  functional Adam, so that compiled, the whole TD step is one graph (optimizer.step() would break it); lr is a tensor.
+- `update`, `adam_step`: the frame stacks rebuilt on the device (`stacks`), gradients from torch.func.grad and
+  torch.optim's functional Adam, so that compiled, the whole TD step is one graph (loss.backward() and
+  optimizer.step() would each break it); lr is a tensor.
 - `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs);
   once all have compiled the guards are skipped.
 
@@ -187,12 +188,36 @@ def update(q_network, target_network, optimizer, lr, gamma: float, fields: dict,
     params = {name: p.detach() for name, p in q_network.named_parameters()}
     grads, stats = torch.func.grad(td_loss, has_aux=True)(params, q_network, obs, actions, td_target)
     plist = list(q_network.parameters())
-    state = [optimizer.state[p] for p in plist]
+    adam_step(optimizer, plist, [grads[name] for name in params], lr)
+    return stats
+
+
+def update_target(q_params: list, target_params: list, tau: float):
+    with torch.no_grad():  # target <- tau * q + (1 - tau) * target, one foreach call (tau 1: a copy)
+        torch._foreach_lerp_(target_params, q_params, tau)
+
+
+def make_optimizer(q_network, lr, capturable: bool):
+    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `adam_step` steps it.
+    `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
+    host and CUDA graphs can replay it."""
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=lr, capturable=capturable)
+    for p in q_network.parameters():
+        step = torch.zeros((), device=p.device if capturable else "cpu")
+        optimizer.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+    return optimizer
+
+
+def adam_step(optimizer, params: list, grads: list, lr):
+    """torch.optim.Adam's step in its functional form, on the optimizer's own state (see make_optimizer): with the
+    gradients from torch.func.grad, a compiled update is one graph. On Breakout the convolutions take the time: LeanRL's
+    loss.backward() and optimizer.step() measured within the runs' spread of it (doc/compile.md)."""
+    state = [optimizer.state[p] for p in params]
     group = optimizer.param_groups[0]
     with torch.no_grad():
         adam(
-            plist,
-            [grads[name] for name in params],
+            params,
+            grads,
             [s["exp_avg"] for s in state],
             [s["exp_avg_sq"] for s in state],
             [],
@@ -207,23 +232,6 @@ def update(q_network, target_network, optimizer, lr, gamma: float, fields: dict,
             eps=group["eps"],
             maximize=False,
         )
-    return stats
-
-
-def update_target(q_params: list, target_params: list, tau: float):
-    with torch.no_grad():  # target <- tau * q + (1 - tau) * target, one foreach call (tau 1: a copy)
-        torch._foreach_lerp_(target_params, q_params, tau)
-
-
-def make_optimizer(q_network, lr, capturable: bool):
-    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `update` never calls step().
-    `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
-    host and CUDA graphs can replay it."""
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=lr, capturable=capturable)
-    for p in q_network.parameters():
-        step = torch.zeros((), device=p.device if capturable else "cpu")
-        optimizer.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-    return optimizer
 
 
 def draw_choices(args: Args, rng: torch.Generator, start: int, n: int, n_actions: int, device):

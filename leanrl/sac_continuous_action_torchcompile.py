@@ -239,8 +239,21 @@ def twin_q(qnet, q_params, obs, actions):
     return torch.vmap(lambda p: functional_call(qnet, p, (obs, actions)))(q_params).squeeze(-1)
 
 
+def make_optimizer(params: list, lr, capturable: bool):
+    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `adam_step` steps it.
+    `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
+    host and CUDA graphs can replay it."""
+    optimizer = torch.optim.Adam(params, lr=lr, capturable=capturable)
+    for p in params:
+        step = torch.zeros((), device=p.device if capturable else "cpu")
+        optimizer.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+    return optimizer
+
+
 def adam_step(optimizer, params: list, grads: list, lr):
-    """torch.optim.Adam's step in its functional form, on the optimizer's own state (see make_optimizer)."""
+    """torch.optim.Adam's step in its functional form, on the optimizer's own state (see make_optimizer): with the
+    gradients from torch.func.grad, a compiled update is one graph. SAC on HalfCheetah: 1.32x as fast as with LeanRL's
+    loss.backward() and optimizer.step() compiled (the sweep's budget, a 2-core CPU: doc/compile.md)."""
     state = [optimizer.state[p] for p in params]
     group = optimizer.param_groups[0]
     with torch.no_grad():
@@ -254,24 +267,13 @@ def adam_step(optimizer, params: list, grads: list, lr):
             foreach=False,
             capturable=group["capturable"],
             amsgrad=False,
-            eps=group["eps"],
             beta1=group["betas"][0],
             beta2=group["betas"][1],
             lr=lr,
             weight_decay=0.0,
+            eps=group["eps"],
             maximize=False,
         )
-
-
-def make_optimizer(params: list, lr, capturable: bool):
-    """torch.optim.Adam (its state_dict is the checkpoint's), its state created now: the units step it functionally.
-    `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
-    host and CUDA graphs can replay it."""
-    optimizer = torch.optim.Adam(params, lr=lr, capturable=capturable)
-    for p in params:
-        step = torch.zeros((), device=p.device if capturable else "cpu")
-        optimizer.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-    return optimizer
 
 
 def act(actor, obs, noise):

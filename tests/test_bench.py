@@ -320,3 +320,29 @@ def test_bench_env_writes_a_run(family, env_id, num_envs, tmp_path):
 )
 def test_bench_env_bad_input(flags, words):
     assert_user_error(run_tool("bench_env.py", *flags), *words)
+
+
+IDIOM_BUDGETS = {
+    "classic": ["--total-timesteps", "1536", "--num-steps", "128"],
+    "dqn_atari": ["--total-timesteps", "300", "--learning-starts", "100", "--measure-burnin", "50", "--log-every", "50"]
+    + ["--buffer-size", "200", "--batch-size", "8"],
+    "td3": ["--total-timesteps", "400", "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "1000"]
+    + ["--log-every", "100", "--measure-burnin", "100"],
+}
+
+
+@pytest.mark.parametrize("family", list(IDIOM_BUDGETS))
+def test_bench_idiom_swaps_in_units_that_compute_the_scripts_own(tmp_path, family):
+    """bench_idiom.py's LeanRL-idiom units (loss.backward(), optimizer.step()) in place of the script's functional ones
+    (torch.func.grad, torch.optim's functional Adam): eager, the run logs the very losses the script's own units
+    give."""
+    losses = {}
+    for idiom in ("functional", "leanrl"):
+        log = tmp_path / idiom
+        flags = [*IDIOM_BUDGETS[family], "--seed", "1", "--num-threads", "1", "--log-dir", str(log)]
+        proc = run_tool("bench_idiom.py", "--worker", family, idiom, *flags)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+        losses[idiom] = [[v for k, v in r.items() if "loss" in k] for r in rows]
+    assert any(v is not None for row in losses["functional"] for v in row)
+    assert losses["leanrl"] == losses["functional"]
