@@ -66,7 +66,8 @@ class Args:
 
 
 def load(script: str):
-    sys.path.insert(0, str(LEANRL))
+    if str(LEANRL) not in sys.path:  # the scripts import plumbing from their folder
+        sys.path.insert(0, str(LEANRL))
     spec = importlib.util.spec_from_file_location(script, LEANRL / f"{script}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -234,7 +235,7 @@ def sac_units(mod, idiom, options):
             return torch.stack([loss.detach(), torch.zeros_like(loss)])
         with torch.no_grad(), torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=args.bf16):
             _, log_pi = actor(obs, alpha_noise)
-        alpha_loss = (-log_alpha.exp() * (log_pi.float() + -float(actor.fc_mean.out_features))).mean()
+        alpha_loss = (-log_alpha.exp() * (log_pi.float() - actor.fc_mean.out_features)).mean()  # target entropy -dim(A)
         a_optimizer.zero_grad()
         alpha_loss.backward()
         step(a_optimizer)
