@@ -219,17 +219,30 @@ def test_inference_copy_shares_storage_without_grad(tc, tmp_path, monkeypatch):
     """On a CPU the learner's units and the rollout use the inference copy: the agent's storage, no autograd, nothing
     to refresh (the host copy of --host-actor is for a CUDA learner). Checked on what main() builds."""
     (agent, agent_inference), [policy] = run_main_recording(tc, tmp_path, monkeypatch, numpy_act=False)
-    assert policy.func is tc.act and policy.args == (agent_inference.actor,)
     pairs = list(zip(linear_tensors(agent), linear_tensors(agent_inference)))
     assert len(pairs) == 12 and all(p.data_ptr() == q.data_ptr() and not q.requires_grad for p, q in pairs)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 4)).astype(np.float32)
+    g = -np.log(rng.exponential(size=(300, 2))).astype(np.float32)
+    before = policy(x, torch.from_numpy(g))
     with torch.no_grad():
         agent.actor[0].weight.add_(1.0)
+        agent.actor[4].bias.add_(torch.tensor([3.0, -3.0]))
     assert torch.equal(agent.actor[0].weight, agent_inference.actor[0].weight)
+    after = policy(x, torch.from_numpy(g))  # the rollout's step acts with the learner's weights as they are now
+    assert (after != before).any()
+    assert np.array_equal(after, tc.act(agent.actor, torch.from_numpy(x), torch.from_numpy(g)).detach().numpy())
 
 
 def cartpole_rollout(tc, policy, num_envs=2, num_steps=48, seed=3, numpy_act=False) -> dict:
-    """The buffers of one rollout from a fixed seed (envs and Gumbel noise), acting with `policy` on the CPU (a numpy
-    policy with `numpy_act`)."""
+    """The buffers of one rollout from a fixed seed (envs and Gumbel noise), acting with `policy` on the CPU (a torch
+    policy, or a numpy one with `numpy_act`) in the rollout's form: numpy observations in, numpy actions out."""
+    if not numpy_act:
+        torch_policy = policy
+
+        def policy(obs, noise):
+            return torch_policy(torch.from_numpy(obs), noise).numpy()
+
     args = tc.Args(num_envs=num_envs, num_steps=num_steps)
     envs = tc.make_envs(args, "")
     shape = (num_steps, num_envs)
@@ -242,8 +255,7 @@ def cartpole_rollout(tc, policy, num_envs=2, num_steps=48, seed=3, numpy_act=Fal
     tc.rollout(
         envs,
         policy,
-        torch.device("cpu"),
-        numpy_act,
+        (lambda noise: noise.numpy()) if numpy_act else (lambda noise: noise),
         envs.reset(seed=seed)[0],
         np.zeros(num_envs, dtype=bool),
         buf,
