@@ -542,6 +542,42 @@ class Episodes:
         self.finished.extend(state["finished"].tolist())
 
 
+class MemberEpisodes(Episodes):
+    """`Episodes` of `members` runs side by side (the seeds scripts), `num_envs` envs each, in a row: one window of
+    finished returns per member."""
+
+    def __init__(self, members: int, num_envs: int, window: int = 20):
+        super().__init__(members * num_envs, window)
+        self.num_envs = num_envs
+        self.members = [deque(maxlen=window) for _ in range(members)]
+
+    def record(self, reward, done, ids=None):
+        self.ret += reward
+        if done.any():  # rare: most steps cost one numpy add
+            for i in np.flatnonzero(done):
+                self.members[i // self.num_envs].append(float(self.ret[i]))
+                self.finished.append(float(self.ret[i]))
+            self.ret[done] = 0
+
+    def means(self) -> list:
+        """Each member's mean return over its window (None for a member with no finished episode yet)."""
+        return [float(np.mean(finished)) if finished else None for finished in self.members]
+
+    def mean(self) -> Optional[float]:
+        """The members' mean of their means: what one run's `episodic_return` would be, averaged over the members."""
+        means = [m for m in self.means() if m is not None]
+        return float(np.mean(means)) if means else None
+
+    def state(self) -> dict:
+        members = [torch.tensor(list(finished), dtype=torch.float64) for finished in self.members]
+        return dict(ret=torch.as_tensor(self.ret), members=members)
+
+    def load(self, state: dict, restart: bool = False):
+        self.ret = np.zeros_like(self.ret) if restart else state["ret"].numpy().copy()
+        for finished, saved in zip(self.members, state["members"]):
+            finished.extend(saved.tolist())
+
+
 def cores() -> int:
     """The cores this process may run on: the affinity mask where the OS has one (taskset, a container's cpuset), which
     os.cpu_count() ignores: a thread per machine core on fewer cores than that stalls the matrix products."""
