@@ -223,6 +223,37 @@ def test_learning_report_on_synthetic_runs(tmp_path):
     assert third.endswith(mark + "\n\n## Findings\n\nBy hand.\n")
 
 
+def test_a_seeds_run_reads_as_one_run_per_member(tmp_path):
+    """A run of ppo_seeds_torchcompile.py (members in its summary and rows) is, in learning.md, one seed per member:
+    its final return, its first logged return, its share of the wall time."""
+    runs = tmp_path / "runs"
+    fake_run(runs / "classic/01-baseline/1", "CartPole-v1", 500000, 1000, 400.0, script="ppo")
+    run = runs / "classic/03-compile/1"
+    fake_run(run, "CartPole-v1", 500000, 5000, 450.0, script="ppo_seeds_torchcompile")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["members"] = [dict(seed=1, final_return=480.0), dict(seed=2, final_return=500.0)]
+    (run / "summary.json").write_text(json.dumps(summary))
+    rows = [
+        dict(
+            ROW, global_step=250000, episodic_return=5.0, members=[dict(episodic_return=4.0), dict(episodic_return=6.0)]
+        ),
+        dict(
+            ROW,
+            global_step=500000,
+            episodic_return=490.0,
+            members=[dict(episodic_return=480.0), dict(episodic_return=500.0)],
+        ),
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert report(runs, tmp_path / "doc", "--learning").returncode == 0
+    text = (tmp_path / "doc/learning.md").read_text()
+    assert (
+        "| `compile` | `ppo_seeds_torchcompile` | 5.0 | 490.0 ± 14.1 (n=2) | 1: 480.0, 2: 500.0 "
+        "| 400.0 (400.0 to 400.0) | outside: above |"
+    ) in text
+    assert "- time: 30 min, the sum of the runs' wall times" in text  # the baseline's 900 s, and 900 s the members share
+
+
 def test_learning_report_dates_and_commit(tmp_path, monkeypatch):
     """Each section says the day its family's newest run finished, and every section names the commit the header
     names, asked before the plots are written (into the checkout's doc/, they would make the tree look changed)."""

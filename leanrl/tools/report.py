@@ -109,6 +109,22 @@ def read_run(seed_dir: Path):
     return summary, rows
 
 
+def members(summary: dict, rows: list) -> list:
+    """A run of a seeds script (ppo_seeds_torchcompile.py: a summary with `members`) as one run per member, each with
+    its seed, final return and returns, as the run of that seed alone would read, and its share of the wall time (the
+    pages sum the runs' times); any other run as it is."""
+    if "members" not in summary:
+        return [(summary, rows)]
+    share = summary["wall_time"] / len(summary["members"])
+    return [
+        (
+            dict(summary, seed=member["seed"], final_return=member["final_return"], wall_time=share),
+            [dict(row, episodic_return=row["members"][k]["episodic_return"]) for row in rows],
+        )
+        for k, member in enumerate(summary["members"])
+    ]
+
+
 def load(runs: Path) -> dict:
     """{family: {configuration: Config}}, families in name order, configurations in prefix order."""
     data = {}
@@ -116,7 +132,7 @@ def load(runs: Path) -> dict:
         for config_dir in sorted(p for p in family_dir.iterdir() if p.is_dir()):
             found = []
             for seed_dir in sorted(p for p in config_dir.iterdir() if (p / "summary.json").exists()):
-                found += filter(None, [read_run(seed_dir)])
+                found += [member for run in filter(None, [read_run(seed_dir)]) for member in members(*run)]
             skipped = config_dir / "SKIPPED"
             if found or skipped.exists():
                 reason = skipped.read_text().strip() if skipped.exists() and not found else ""

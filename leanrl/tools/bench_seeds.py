@@ -1,0 +1,148 @@
+"""Many seeds, two ways, side by side on this machine: the seeds script (one process, the members stacked) against the
+ordinary way, one run of the base script per seed, two at a time, each pinned to a core of its own (as
+doc/learning.md's runs were made). Both with --compile; the wall time counts everything, compiling included.
+
+Per way: the wall time for all seeds, each seed's final return (a member is its seed's run, so the returns agree up
+to float drift), and where one iteration's time goes (the metrics' t_env, t_policy, t_gae, t_update, median over
+the iterations after burn-in). `--sizes` adds seeds-script runs of other sizes (e.g. 1 4 8) for the time split.
+The table goes to <out>/table.md, the numbers to <out>/results.json.
+
+    python leanrl/tools/bench_seeds.py --num-seeds 8 --total-timesteps 500000 --out runs/seeds
+"""
+
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import tyro
+
+LEANRL = Path(__file__).resolve().parents[1]
+FAMILIES = {"classic": ("ppo_torchcompile", "ppo_seeds_torchcompile")}
+SPLIT = ("t_env", "t_policy", "t_gae", "t_update")
+
+
+@dataclass
+class Args:
+    family: str = "classic"
+    """the family (classic)"""
+    num_seeds: int = 8
+    """seeds per way: seed, seed + 1, ..."""
+    seed: int = 1
+    """the first seed"""
+    total_timesteps: int = 500000
+    """each seed's steps"""
+    sizes: list[int] = field(default_factory=list)
+    """further seeds-script runs of these sizes, for the time split per iteration (e.g. 1 4 8)"""
+    out: str = "runs/seeds"
+    """where the runs, table.md and results.json go"""
+    timeout: Optional[float] = 3600
+    """seconds a run may take before it is stopped"""
+
+
+def launch(script: str, log_dir: Path, core: Optional[int], *flags: str) -> subprocess.Popen:
+    cmd = [sys.executable, str(LEANRL / f"{script}.py"), "--compile", "--log-dir", str(log_dir), *flags]
+    if core is not None:
+        cmd = ["taskset", "-c", str(core)] + cmd
+    log_dir.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(f"{log_dir}.log", "w"))
+
+
+def wait(proc: subprocess.Popen, timeout: Optional[float], what: str):
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(30)
+        raise SystemExit(f"{what} ran past --timeout {timeout} s") from None
+    if proc.returncode:
+        raise SystemExit(f"{what} failed (exit {proc.returncode}); see its .log beside the run folder")
+
+
+def split(log_dir: Path) -> dict:
+    """Each part of an iteration, the median over the iterations with a steady fps (after burn-in), in ms."""
+    rows = [json.loads(line) for line in open(log_dir / "metrics.jsonl")]
+    steady = [row for row in rows if row["fps"] is not None] or rows
+    return {key: 1000 * statistics.median(row[key] for row in steady) for key in SPLIT}
+
+
+def ordinary(args: Args, base: str, out: Path) -> dict:
+    """One base run per seed, two at a time, on cores 0 and 1."""
+    t0 = time.perf_counter()
+    seeds = list(range(args.seed, args.seed + args.num_seeds))
+    for pair in range(0, len(seeds), 2):
+        procs = [
+            (launch(base, out / f"seed{s}", core, "--seed", str(s), "--total-timesteps", str(args.total_timesteps)), s)
+            for core, s in enumerate(seeds[pair : pair + 2])
+        ]
+        for proc, s in procs:
+            wait(proc, args.timeout, f"{base} --seed {s}")
+    wall = time.perf_counter() - t0
+    returns = [json.load(open(out / f"seed{s}" / "summary.json"))["final_return"] for s in seeds]
+    return dict(wall_s=wall, returns=returns, split_ms=split(out / f"seed{seeds[0]}"))
+
+
+def stacked(args: Args, script: str, n: int, out: Path) -> dict:
+    """One run of the seeds script with n members."""
+    t0 = time.perf_counter()
+    proc = launch(
+        script,
+        out,
+        None,
+        *("--seed", str(args.seed), "--num-seeds", str(n), "--total-timesteps", str(args.total_timesteps)),
+    )
+    wait(proc, args.timeout, f"{script} --num-seeds {n}")
+    wall = time.perf_counter() - t0
+    summary = json.load(open(out / "summary.json"))
+    return dict(
+        wall_s=wall,
+        returns=[m["final_return"] for m in summary["members"]],
+        split_ms=split(out),
+        compile_s=summary["compile_time"],
+    )
+
+
+def main(args: Args):
+    base, script = FAMILIES[args.family]
+    out = Path(args.out)
+    results = dict(
+        family=args.family,
+        total_timesteps=args.total_timesteps,
+        num_seeds=args.num_seeds,
+        cpu=platform.processor() or platform.machine(),
+        commit=subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        date=time.strftime("%Y-%m-%d"),
+    )
+    results["ordinary"] = ordinary(args, base, out / "ordinary")
+    results["seeds"] = stacked(args, script, args.num_seeds, out / f"seeds{args.num_seeds}")
+    results["sizes"] = {n: stacked(args, script, n, out / f"seeds{n}") for n in args.sizes}
+    lines = [
+        f"{args.family}, {args.num_seeds} seeds x {args.total_timesteps:,} steps, --compile, {results['date']}, "
+        f"commit {results['commit']}",
+        "",
+        "| way | wall s | vs ordinary | final returns |",
+        "|---|---:|---:|---|",
+    ]
+    for way in ("ordinary", "seeds"):
+        r = results[way]
+        ratio = results["ordinary"]["wall_s"] / r["wall_s"]
+        rets = ", ".join(f"{x:.1f}" if x is not None else "-" for x in r["returns"])
+        lines.append(f"| {way} | {r['wall_s']:.1f} | {ratio:.2f}x | {rets} |")
+    lines += ["", "| run | " + " | ".join(f"{k} ms" for k in SPLIT) + " |", "|---|" + "---:|" * len(SPLIT)]
+    rows = [("ordinary (one seed)", results["ordinary"]), (f"seeds N={args.num_seeds}", results["seeds"])]
+    rows += [(f"seeds N={n}", r) for n, r in results["sizes"].items()]
+    for name, r in rows:
+        lines.append(f"| {name} | " + " | ".join(f"{r['split_ms'][k]:.1f}" for k in SPLIT) + " |")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
