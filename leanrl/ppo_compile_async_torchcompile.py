@@ -5,15 +5,17 @@ The algorithm, network and defaults of ppo.py (CleanRL's). Its tricks, each in t
 
 - `act`: a rollout step only samples, argmax(logits + Gumbel noise), exact Categorical sampling without a Distribution;
   the log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
-- `numpy_policy` (--numpy-act): a policy acting on the CPU acts through numpy views of the actor's weights.
+- `acting_unit`: where the rollout acts, and the only place that knows. A CPU learner acts with its own actor and a
+  CUDA learner with a host copy of it (--host-actor, `host_copy` and `refresh`: a 4-row step of a 64-unit MLP costs
+  less on the CPU than GPU launches), through numpy views of the weights (--numpy-act, `numpy_policy`); a CUDA learner
+  with --no-host-actor acts with the compiled, graphed policy unit.
 - `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
 - `update`, `adam_step`: torch.func.grad and torch.optim's functional Adam, so that compiled, forward, backward,
   clipping and the Adam step are one graph (loss.backward() and optimizer.step() would each break it).
-- `host_copy`, `refresh` (--host-actor): a CUDA learner acts through a host copy of the actor, refreshed once per
-  iteration: a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches.
 - `gae`: the recursion over numpy rows: as fast as compiled torch ops, with nothing to compile.
-- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs);
-  lr is a tensor changed in place (no recompilation); once all has compiled the guards are skipped.
+- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs),
+  as in LeanRL's file; lr is a tensor changed in place (no recompilation); once all has compiled the guards are
+  skipped.
 
 The one trick of this script, `--compile-async` (it pays when a run is short against a cold-cache compile;
 doc/compile.md shows that a warm Inductor cache makes the compile cost nearly nothing, and plain --compile fastest):
@@ -109,8 +111,9 @@ class Args:
     """the target KL divergence threshold"""
 
     compile: bool = False
-    """if toggled, wrap the units in torch.compile: `update`, and on CUDA `evaluate`, `get_value` and the policy
-    step when it acts there (--no-host-actor); `gae` runs in numpy, with nothing to compile"""
+    """if toggled, wrap the units in torch.compile: the policy step, `evaluate`, `get_value` and `update` (a policy
+    acting on the host, a CPU learner's or --host-actor's, acts in numpy or eagerly instead: `acting_unit`); `gae`
+    runs in numpy, with nothing to compile"""
     compile_async: bool = False
     """with --compile: train eagerly while the units compile in the background, then swap them in at an iteration
     boundary (summary.json: compile_time, swap_iteration, time_to_compiled)"""
@@ -289,10 +292,38 @@ def refresh(acting: nn.Module, learner: nn.Module):
         torch._foreach_copy_(params, [x.view_as(p) for x, p in zip(flat.split([p.numel() for p in params]), params)])
 
 
-def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf, episodes, n_actions: int, rng):
-    """num_steps steps of every env into `buf`, acting on `act_device` (in numpy with `numpy_act`); returns the last
-    obs/done (numpy) and the time split. The env's outputs and the actions are staged in numpy and reach `buf` in one
-    copy per iteration each."""
+def acting_unit(args, policy, agent, agent_inference, device):
+    """The rollout's policy step as the rollout calls it, numpy observations and the step's row of the rollout's noise
+    in, numpy actions out; with the function that puts the rollout's noise where the step reads it, and the one that
+    brings the acting weights up to date once per iteration. The CPU acting paths are here and nowhere else:
+    - a CUDA learner with --no-host-actor acts with `policy`, the compiled, graphed unit;
+    - a CPU learner acts with its own actor, and a CUDA learner with --host-actor with a host copy of it (~20 KB
+      refreshed per iteration): a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches. Either acts
+      through numpy views of the weights (--numpy-act: at 4 rows a torch forward is all per-op dispatch) or eagerly:
+      compiled, a step is faster alone (29 vs 34 us) but slower in the rollout, where it and the env evict each
+      other's caches (93 vs 83 us a step)."""
+    if device.type == "cuda" and not args.host_actor:
+
+        def device_step(obs, noise):
+            return policy(torch.from_numpy(obs).to(device, non_blocking=True), noise).cpu().numpy()
+
+        return device_step, lambda noise: noise, lambda: None
+    host = device.type == "cuda"
+    actor = host_copy(agent.actor, torch.device("cpu")) if host else agent_inference.actor
+    refresh_actor = functools.partial(refresh, actor, agent.actor) if host else lambda: None
+    if args.numpy_act:
+        return numpy_policy(actor), lambda noise: noise.cpu().numpy(), refresh_actor
+
+    def host_step(obs, noise):
+        return act(actor, torch.from_numpy(obs), noise).numpy()
+
+    return host_step, lambda noise: noise.cpu(), refresh_actor
+
+
+def rollout(envs, policy, place_noise, next_obs, next_done, buf, episodes, n_actions: int, rng):
+    """num_steps steps of every env into `buf`, acting with `policy` (`acting_unit`'s step); returns the last obs/done
+    (numpy) and the time split. The env's outputs and the actions are staged in numpy and reach `buf` in one copy per
+    iteration each."""
     num_steps = buf["obs"].shape[0]
     device = buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
@@ -303,18 +334,12 @@ def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf,
     t_policy = 0.0
     # one draw per rollout from the loop's generator, brought to where the policy acts in one transfer
     gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()
-    gumbel = gumbel.to(act_device)
-    if numpy_act:
-        gumbel = gumbel.numpy()
+    gumbel = place_noise(gumbel)
     for step in range(num_steps):
         obs[step] = next_obs
         dones[step] = next_done
         t0 = time.perf_counter()
-        if numpy_act:
-            actions[step] = policy(next_obs, gumbel[step])
-        else:
-            obs_device = torch.from_numpy(next_obs).to(act_device, non_blocking=True)
-            actions[step] = policy(obs_device, gumbel[step]).cpu().numpy()
+        actions[step] = policy(next_obs, gumbel[step])
         t1 = time.perf_counter()
         next_obs, reward, terminations, truncations, _ = envs.step(actions[step])
         t_env += time.perf_counter() - t1
@@ -419,32 +444,23 @@ def adam_step(optimizer, params: list, grads: list, lr):
         )
 
 
-def compile_units(agent, args: Args, device, act_device, host_acting) -> dict:
+def compile_units(agent, args: Args, device) -> dict:
     """main's units and compile block, for a learner of its own around `agent`: its inference copy (a deepcopy: no
-    random number drawn), an optimizer and the optimizer's lr tensor. A host copy of the actor (`host_acting`, or None)
-    is shared with the loop: `refresh` fills it from whichever learner trains."""
+    random number drawn), an optimizer and the optimizer's lr tensor. `acting_unit` builds the rollout's step from them
+    (at the swap, and in `warm_up`), as main does from the loop's learner."""
     agent_inference = copy.deepcopy(agent)
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     lr = torch.tensor(args.learning_rate, device=device)
     optimizer = make_optimizer(agent, lr, capturable=device.type == "cuda")
-    acting = agent_inference.actor if host_acting is None else host_acting
-    policy = numpy_policy(acting) if args.numpy_act and act_device.type == "cpu" else functools.partial(act, acting)
-    evaluate = agent_inference.forward
-    get_value = agent_inference.get_value
     options = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
-    if act_device.type == "cuda":
-        policy = torch.compile(policy, options=options)
-    if device.type == "cuda":
-        evaluate = torch.compile(evaluate, options=options)
-        get_value = torch.compile(get_value, options=options)
     return dict(
         agent=agent,
+        agent_inference=agent_inference,
         optimizer=optimizer,
         lr=lr,
-        act_device=act_device,
-        policy=policy,
-        evaluate=evaluate,
-        get_value=get_value,
+        policy=torch.compile(functools.partial(act, agent_inference.actor), options=options),
+        evaluate=torch.compile(agent_inference.forward, options=options),
+        get_value=torch.compile(agent_inference.get_value, options=options),
         update_minibatch=torch.compile(functools.partial(update, agent, optimizer, lr, args), options=options),
     )
 
@@ -456,9 +472,10 @@ def warm_up(units: dict, args: Args, device, n_obs: int, n_actions: int):
     N = args.num_envs
     obs = torch.zeros(T, N, n_obs, device=device)
     actions = torch.zeros(T, N, dtype=torch.long, device=device)
-    act_device = units["act_device"]
-    if act_device.type == "cuda":  # the policy compiles only there (on a CPU it acts eagerly, or in numpy)
-        units["policy"](obs[0].to(act_device), torch.zeros(N, n_actions, device=act_device))
+    # the rollout's step as the loop will take it: the compiled policy where it acts on the device, else nothing to
+    # compile (numpy or eager on the host)
+    step, place_noise, _ = acting_unit(args, units["policy"], units["agent"], units["agent_inference"], device)
+    step(np.zeros((N, n_obs), np.float32), place_noise(torch.zeros(N, n_actions, device=device)))
     logprobs, _, values = units["evaluate"](obs, actions)
     rewards = torch.zeros(T, N, device=device)
     dones = torch.zeros(T, N, device=device)
@@ -481,7 +498,7 @@ def fill_compile_cache(log_dir: str):
             raise RuntimeError(f"the compile subprocess failed; see {log.name}")
 
 
-def compile_in_background(agent, args: Args, device, act_device, host_acting, n_obs: int, n_actions: int) -> Future:
+def compile_in_background(agent, args: Args, device, n_obs: int, n_actions: int) -> Future:
     """In a daemon thread (neither Ctrl-C nor the run's end waits for it): fill the cache, compile and warm up units
     on a copy of `agent` (deepcopy draws no random number). The future holds (units, seconds) or the thread's error."""
     twin = copy.deepcopy(agent)
@@ -491,7 +508,7 @@ def compile_in_background(agent, args: Args, device, act_device, host_acting, n_
         t0 = time.perf_counter()
         try:
             fill_compile_cache(args.log_dir)
-            units = compile_units(twin, args, device, act_device, host_acting)
+            units = compile_units(twin, args, device)
             warm_up(units, args, device, n_obs, n_actions)
             future.set_result((units, time.perf_counter() - t0))
         except Exception as e:
@@ -537,13 +554,9 @@ def main(args: Args):
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
     optimizer = make_optimizer(agent, lr, capturable=device.type == "cuda")
-    host = args.host_actor and device.type == "cuda"
-    act_device = torch.device("cpu") if host else device
-    acting = host_copy(agent.actor, act_device) if host else agent_inference.actor
-    numpy_act = args.numpy_act and act_device.type == "cpu"
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
-    policy = numpy_policy(acting) if numpy_act else functools.partial(act, acting)
+    policy = functools.partial(act, agent_inference.actor)
     evaluate = agent_inference.forward
     get_value = agent_inference.get_value
     update_minibatch = functools.partial(update, agent, optimizer, lr, args)
@@ -552,29 +565,24 @@ def main(args: Args):
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
         # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
         options = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
-        if act_device.type == "cuda":
-            # acting on a CPU (the learner's or the host's) the policy stays eager: compiled it is faster alone (29 vs
-            # 34 us) but slower in the rollout, where it and the env evict each other's caches (93 vs 83 us a step)
-            policy = torch.compile(policy, options=options)
-        if device.type == "cuda":
-            # on a CPU they run once an iteration: compiled they saved 0.15 ms of ~9 and cost 7.5 s each to compile
-            evaluate = torch.compile(evaluate, options=options)
-            get_value = torch.compile(get_value, options=options)
+        policy = torch.compile(policy, options=options)
+        evaluate = torch.compile(evaluate, options=options)
+        get_value = torch.compile(get_value, options=options)
         update_minibatch = torch.compile(update_minibatch, options=options)
     if args.cudagraphs and not args.compile_async:
-        if act_device.type == "cuda":  # CUDA graphs capture CUDA work only: a policy acting on the host stays out
-            policy = CudaGraphModule(policy)
+        policy = CudaGraphModule(policy)
         evaluate = CudaGraphModule(evaluate)
         get_value = CudaGraphModule(get_value)
         update_minibatch = CudaGraphModule(update_minibatch)
-    host_acting = acting if host else None
+    # a policy acting on the host (a CPU learner's, or --host-actor's copy) takes the compiled one's place
+    policy, place_noise, refresh_actor = acting_unit(args, policy, agent, agent_inference, device)
     if args.compile_cache_only:  # see fill_compile_cache
-        warm_up(compile_units(agent, args, device, act_device, host_acting), args, device, n_obs, n_actions)
+        warm_up(compile_units(agent, args, device), args, device, n_obs, n_actions)
         envs.close()
         return
     pending = None
     if args.compile_async:  # the loop trains with the eager units above until the compiled twin is swapped in
-        pending = compile_in_background(agent, args, device, act_device, host_acting, n_obs, n_actions)
+        pending = compile_in_background(agent, args, device, n_obs, n_actions)
 
     shape = (args.num_steps, args.num_envs)
     buf = dict(
@@ -622,21 +630,21 @@ def main(args: Args):
                 get_value = units["get_value"]
                 update_minibatch = units["update_minibatch"]
                 if args.cudagraphs:
-                    if act_device.type == "cuda":
-                        policy = CudaGraphModule(policy)
+                    policy = CudaGraphModule(policy)
                     evaluate = CudaGraphModule(evaluate)
                     get_value = CudaGraphModule(get_value)
                     update_minibatch = CudaGraphModule(update_minibatch)
+                # the twin acts as main's learner did: its own actor, a host copy of it, or its compiled policy
+                policy, place_noise, refresh_actor = acting_unit(args, policy, agent, units["agent_inference"], device)
                 pending = None
                 compiled_from = iteration
                 swap_iteration = iteration
                 run.say(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)")
             if args.anneal_lr:
                 lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
-            if host:  # the acting copy takes the last updates' (or the resumed checkpoint's) parameters
-                refresh(acting, agent.actor)
+            refresh_actor()  # a host copy takes the last updates' (or the resumed checkpoint's) parameters
             next_obs, next_done, t_env, t_policy = rollout(
-                envs, policy, act_device, numpy_act, next_obs, next_done, buf, episodes, n_actions, rng
+                envs, policy, place_noise, next_obs, next_done, buf, episodes, n_actions, rng
             )
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter

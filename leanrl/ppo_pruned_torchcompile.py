@@ -5,8 +5,9 @@ The trick, in the functions that hold it (doc/pruned.md studies it):
 - `make_pruner`, `prune_step`: zeroed weights in a dense layer cost as much as any others, so neurons are removed: on
   a schedule (--prune-start, --prune-every, --prune-steps up to --prune-ratio) Torch-Pruning ranks each group of
   coupled layers (a layer's output neurons and the inputs that read them) and rebuilds the layers without the least
-  important ones; Adam's moments are cut at the same indices. `main` then recompiles the units for the new shapes and
-  captures their CUDA graphs again (and, with --host-actor, makes a new host copy of the actor).
+  important ones; Adam's moments are cut at the same indices. `main` then recompiles the units for the new shapes,
+  captures their CUDA graphs again and takes the rollout's step from `acting_unit` again (with --host-actor a new host
+  copy of the actor, or numpy views of the new weights).
 - `widths_left`: the learning rate grows as the widths shrink (x2 at half width), or the narrower network learns slower
   and CartPole ends below the unpruned network's returns.
 - `Mask`, `add_masks` (--prune-mode mask): the same neurons zeroed instead, the shapes kept: masks alone buy nothing.
@@ -17,15 +18,17 @@ The algorithm, network and defaults of ppo.py (CleanRL's). The base's tricks, ea
 
 - `act`: a rollout step only samples, argmax(logits + Gumbel noise), exact Categorical sampling without a Distribution;
   the log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
-- `numpy_policy` (--numpy-act): a policy acting on the CPU acts through numpy views of the actor's weights.
+- `acting_unit`: where the rollout acts, and the only place that knows. A CPU learner acts with its own actor and a
+  CUDA learner with a host copy of it (--host-actor, `host_copy` and `refresh`: a 4-row step of a 64-unit MLP costs
+  less on the CPU than GPU launches), through numpy views of the weights (--numpy-act, `numpy_policy`); a CUDA learner
+  with --no-host-actor acts with the compiled, graphed policy unit.
 - `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
 - `update`, `adam_step`: torch.func.grad and torch.optim's functional Adam, so that compiled, forward, backward,
   clipping and the Adam step are one graph (loss.backward() and optimizer.step() would each break it).
-- `host_copy`, `refresh` (--host-actor): a CUDA learner acts through a host copy of the actor, refreshed once per
-  iteration: a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches.
 - `gae`: the recursion over numpy rows: as fast as compiled torch ops, with nothing to compile.
-- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs);
-  lr is a tensor changed in place (no recompilation); once all has compiled the guards are skipped.
+- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs),
+  as in LeanRL's file; lr is a tensor changed in place (no recompilation); once all has compiled the guards are
+  skipped.
 
     python leanrl/ppo_pruned_torchcompile.py --compile --hidden-dim 512 --hidden-depth 4 --prune-ratio 0.75
     python leanrl/ppo_pruned_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the learner's units
@@ -128,8 +131,9 @@ class Args:
     """structural removes the neurons (smaller dense layers); mask zeroes them and keeps the shapes (comparison)"""
 
     compile: bool = False
-    """if toggled, wrap the units in torch.compile: `update`, and on CUDA `evaluate`, `get_value` and the policy
-    step when it acts there (--no-host-actor); `gae` runs in numpy, with nothing to compile"""
+    """if toggled, wrap the units in torch.compile: the policy step, `evaluate`, `get_value` and `update` (a policy
+    acting on the host, a CPU learner's or --host-actor's, acts in numpy or eagerly instead: `acting_unit`); `gae`
+    runs in numpy, with nothing to compile"""
     cudagraphs: bool = False
     """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     host_actor: bool = True
@@ -283,10 +287,38 @@ def refresh(acting: nn.Module, learner: nn.Module):
         torch._foreach_copy_(params, [x.view_as(p) for x, p in zip(flat.split([p.numel() for p in params]), params)])
 
 
-def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf, episodes, n_actions: int, rng):
-    """num_steps steps of every env into `buf`, acting on `act_device` (in numpy with `numpy_act`); returns the last
-    obs/done (numpy) and the time split. The env's outputs and the actions are staged in numpy and reach `buf` in one
-    copy per iteration each."""
+def acting_unit(args, policy, agent, agent_inference, device):
+    """The rollout's policy step as the rollout calls it, numpy observations and the step's row of the rollout's noise
+    in, numpy actions out; with the function that puts the rollout's noise where the step reads it, and the one that
+    brings the acting weights up to date once per iteration. The CPU acting paths are here and nowhere else:
+    - a CUDA learner with --no-host-actor acts with `policy`, the compiled, graphed unit;
+    - a CPU learner acts with its own actor, and a CUDA learner with --host-actor with a host copy of it (~20 KB
+      refreshed per iteration): a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches. Either acts
+      through numpy views of the weights (--numpy-act: at 4 rows a torch forward is all per-op dispatch) or eagerly:
+      compiled, a step is faster alone (29 vs 34 us) but slower in the rollout, where it and the env evict each
+      other's caches (93 vs 83 us a step)."""
+    if device.type == "cuda" and not args.host_actor:
+
+        def device_step(obs, noise):
+            return policy(torch.from_numpy(obs).to(device, non_blocking=True), noise).cpu().numpy()
+
+        return device_step, lambda noise: noise, lambda: None
+    host = device.type == "cuda"
+    actor = host_copy(agent.actor, torch.device("cpu")) if host else agent_inference.actor
+    refresh_actor = functools.partial(refresh, actor, agent.actor) if host else lambda: None
+    if args.numpy_act:
+        return numpy_policy(actor), lambda noise: noise.cpu().numpy(), refresh_actor
+
+    def host_step(obs, noise):
+        return act(actor, torch.from_numpy(obs), noise).numpy()
+
+    return host_step, lambda noise: noise.cpu(), refresh_actor
+
+
+def rollout(envs, policy, place_noise, next_obs, next_done, buf, episodes, n_actions: int, rng):
+    """num_steps steps of every env into `buf`, acting with `policy` (`acting_unit`'s step); returns the last obs/done
+    (numpy) and the time split. The env's outputs and the actions are staged in numpy and reach `buf` in one copy per
+    iteration each."""
     num_steps = buf["obs"].shape[0]
     device = buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
@@ -297,18 +329,12 @@ def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf,
     t_policy = 0.0
     # one draw per rollout from the loop's generator, brought to where the policy acts in one transfer
     gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()
-    gumbel = gumbel.to(act_device)
-    if numpy_act:
-        gumbel = gumbel.numpy()
+    gumbel = place_noise(gumbel)
     for step in range(num_steps):
         obs[step] = next_obs
         dones[step] = next_done
         t0 = time.perf_counter()
-        if numpy_act:
-            actions[step] = policy(next_obs, gumbel[step])
-        else:
-            obs_device = torch.from_numpy(next_obs).to(act_device, non_blocking=True)
-            actions[step] = policy(obs_device, gumbel[step]).cpu().numpy()
+        actions[step] = policy(next_obs, gumbel[step])
         t1 = time.perf_counter()
         next_obs, reward, terminations, truncations, _ = envs.step(actions[step])
         t_env += time.perf_counter() - t1
@@ -544,14 +570,12 @@ def main(args: Args):
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
     optimizer = make_optimizer(agent, lr, capturable=device.type == "cuda")
-    host = args.host_actor and device.type == "cuda"
-    act_device = torch.device("cpu") if host else device
-    acting = host_copy(agent.actor, act_device) if host else agent_inference.actor
-    # a masked actor's weights are computed on each call (a parametrization), not stored: no views of them to act on
-    numpy_act = args.numpy_act and act_device.type == "cpu" and args.prune_mode == "structural"
+    # a masked actor's weights are computed on each call (a parametrization), not stored: no views of them for
+    # acting_unit to act on (the flag is recorded as the run acts)
+    args.numpy_act = args.numpy_act and args.prune_mode == "structural"
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
-    policy = numpy_policy(acting) if numpy_act else functools.partial(act, acting)
+    policy = functools.partial(act, agent_inference.actor)
     evaluate = agent_inference.forward
     get_value = agent_inference.get_value
     update_minibatch = functools.partial(update, agent, optimizer, lr, args)
@@ -560,21 +584,18 @@ def main(args: Args):
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
         # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
         options = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
-        if act_device.type == "cuda":
-            # acting on a CPU (the learner's or the host's) the policy stays eager: compiled it is faster alone (29 vs
-            # 34 us) but slower in the rollout, where it and the env evict each other's caches (93 vs 83 us a step)
-            policy = torch.compile(policy, options=options)
-        if device.type == "cuda":
-            # on a CPU they run once an iteration: compiled they saved 0.15 ms of ~9 and cost 7.5 s each to compile
-            evaluate = torch.compile(evaluate, options=options)
-            get_value = torch.compile(get_value, options=options)
+        policy = torch.compile(policy, options=options)
+        evaluate = torch.compile(evaluate, options=options)
+        get_value = torch.compile(get_value, options=options)
         update_minibatch = torch.compile(update_minibatch, options=options)
     if args.cudagraphs:
-        if act_device.type == "cuda":  # CUDA graphs capture CUDA work only: a policy acting on the host stays out
-            policy = CudaGraphModule(policy)
+        policy = CudaGraphModule(policy)
         evaluate = CudaGraphModule(evaluate)
         get_value = CudaGraphModule(get_value)
         update_minibatch = CudaGraphModule(update_minibatch)
+    policy_unit = policy  # a structural pruning step captures it again, and acting_unit takes it again
+    # a policy acting on the host (a CPU learner's, or --host-actor's copy) takes the compiled one's place
+    policy, place_noise, refresh_actor = acting_unit(args, policy, agent, agent_inference, device)
 
     shape = (args.num_steps, args.num_envs)
     buf = dict(
@@ -614,26 +635,21 @@ def main(args: Args):
                     torch.compiler.set_stance("default")  # guards checked again until the new shapes have compiled
                     torch.compiler.reset()  # drop the code traced for the old shapes
                     if args.cudagraphs:
-                        if act_device.type == "cuda":
-                            policy = CudaGraphModule(policy.module)
+                        policy_unit = CudaGraphModule(policy_unit.module)
                         evaluate = CudaGraphModule(evaluate.module)
                         get_value = CudaGraphModule(get_value.module)
                         update_minibatch = CudaGraphModule(update_minibatch.module)
                     traced_at = iteration
                     if args.compile:
                         run.compiling()
-                if host:  # a host copy of the new shapes and masks (the policy acting on the host is never compiled)
-                    acting = host_copy(agent.actor, act_device)
-                if numpy_act:  # views of the new, smaller weights
-                    policy = numpy_policy(acting)
-                elif host:
-                    policy = functools.partial(act, acting)
+                # the rollout's step for the new shapes and masks: a new host copy, views of the new weights, the
+                # new graph
+                policy, place_noise, refresh_actor = acting_unit(args, policy_unit, agent, agent_inference, device)
             frac = 1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0
             lr.fill_(frac * args.learning_rate / widths_left(args, pruner.current_step))  # grows as the widths shrink
-            if host:  # the acting copy takes the last updates' (or the resumed checkpoint's) parameters
-                refresh(acting, agent.actor)
+            refresh_actor()  # a host copy takes the last updates' (or the resumed checkpoint's) parameters
             next_obs, next_done, t_env, t_policy = rollout(
-                envs, policy, act_device, numpy_act, next_obs, next_done, buf, episodes, n_actions, rng
+                envs, policy, place_noise, next_obs, next_done, buf, episodes, n_actions, rng
             )
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter

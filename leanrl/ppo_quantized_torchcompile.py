@@ -2,9 +2,10 @@
 
 The trick, in the functions that hold it (doc/quantized.md measures it):
 
-- `quantize_actor`: the rollout acts with an int8 copy of the actor (torchao's Int8DynamicActivationInt8WeightConfig:
-  int8 weights and activations, VNNI/AMX GEMMs on x86, int8 tensor cores on CUDA); with --host-actor and a CUDA
-  learner the copy is made from the host copy of the actor and acts on the host.
+- `quantize_actor`, `int8_acting_unit`: the rollout acts with an int8 copy of the actor (torchao's
+  Int8DynamicActivationInt8WeightConfig: int8 weights and activations, VNNI/AMX GEMMs on x86, int8 tensor cores on
+  CUDA), where the base's policy acts: with --host-actor and a CUDA learner the copy is made from a host copy of the
+  actor and acts on the host.
 - `Requantizer`: the copy is rebuilt from the trained fp32 weights every --quant-every iterations (--quant-async: in
   a background thread, acting from the next iteration).
 - `behaviour_logprob`: the stored log-probabilities are the int8 copy's, so the update's ratio (the fp32 agent is
@@ -18,15 +19,17 @@ The algorithm, network and defaults of ppo.py (CleanRL's). The base's tricks, ea
 
 - `act`: a rollout step only samples, argmax(logits + Gumbel noise), exact Categorical sampling without a Distribution;
   the log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
-- `numpy_policy` (--numpy-act): a policy acting on the CPU acts through numpy views of the actor's weights.
+- `acting_unit`: where the rollout acts, and the only place that knows. A CPU learner acts with its own actor and a
+  CUDA learner with a host copy of it (--host-actor, `host_copy` and `refresh`: a 4-row step of a 64-unit MLP costs
+  less on the CPU than GPU launches), through numpy views of the weights (--numpy-act, `numpy_policy`); a CUDA learner
+  with --no-host-actor acts with the compiled, graphed policy unit.
 - `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
 - `update`, `adam_step`: torch.func.grad and torch.optim's functional Adam, so that compiled, forward, backward,
   clipping and the Adam step are one graph (loss.backward() and optimizer.step() would each break it).
-- `host_copy`, `refresh` (--host-actor): a CUDA learner acts through a host copy of the actor, refreshed once per
-  iteration: a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches.
 - `gae`: the recursion over numpy rows: as fast as compiled torch ops, with nothing to compile.
-- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs);
-  lr is a tensor changed in place (no recompilation); once all has compiled the guards are skipped.
+- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs),
+  as in LeanRL's file; lr is a tensor changed in place (no recompilation); once all has compiled the guards are
+  skipped.
 
     python leanrl/ppo_quantized_torchcompile.py --compile                                      # CPU or GPU
     python leanrl/ppo_quantized_torchcompile.py --compile --hidden-dim 512 --hidden-depth 4 --quant-async
@@ -127,16 +130,17 @@ class Args:
     """build the next int8 policy in a background thread while the rollouts go on; it acts from the next iteration"""
 
     compile: bool = False
-    """if toggled, wrap the units in torch.compile: `update` and the int8 steps (acting, behaviour log-probs: on
-    every device, as eager torchao int8 dispatches each op from Python), and on CUDA `evaluate`, `get_value` and the
-    fp32 policy step when it acts there (--no-host-actor); `gae` runs in numpy, with nothing to compile"""
+    """if toggled, wrap the units in torch.compile: the policy step, `evaluate`, `get_value` and `update` (a policy
+    acting on the host, a CPU learner's or --host-actor's, acts in numpy or eagerly instead: `acting_unit`), and the
+    int8 steps (acting, behaviour log-probs: on every device, as eager torchao int8 dispatches each op from Python);
+    `gae` runs in numpy, with nothing to compile"""
     cudagraphs: bool = False
     """if toggled, wrap the learner's units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA
     only); the int8 steps stay out: each rebuild of the copy makes new tensors, and a graph replays those it captured"""
     host_actor: bool = True
-    """with the learner on CUDA, keep a host copy of the actor, refreshed after each iteration's updates (one copy of
-    ~20 KB), and build the int8 copy from it and act with it on the host: a 4-row step of a 64-unit MLP costs less on
-    the CPU than GPU launches. A CPU learner quantizes its own actor (no host copy)"""
+    """with the learner on CUDA, build the int8 copy from a host copy of the actor (one copy of ~20 KB a rebuild) and
+    act with it on the host: a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches. A CPU learner
+    quantizes its own actor"""
     numpy_act: bool = True
     """if toggled, a policy that acts on the CPU (a CPU learner's, or the --host-actor copy) acts through numpy views of
     the actor's weights: at 4 rows a torch forward is all per-op dispatch. Here the int8 copy acts, and this sets the
@@ -295,8 +299,9 @@ class Requantizer:
             self.current, self.t_quant = self.pending.result()
             self.pending = None
         if age % self.every == 0:
-            # registered Parameters (an inference copy's plain tensors would be invisible to .to() and state_dict)
-            snapshot = copy.deepcopy(self.actor)
+            # a copy where the int8 copy acts, of registered Parameters (an inference copy's plain tensors would be
+            # invisible to .to() and state_dict)
+            snapshot = host_copy(self.actor, self.sample_obs.device)
             if self.pool is None or self.current is None:  # the first copy is built in line: there is none to act yet
                 self.current, self.t_quant = self.build(snapshot)
             else:
@@ -306,6 +311,16 @@ class Requantizer:
     def close(self):
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
+
+
+def int8_acting_unit(quant_policy, qactor, act_device):
+    """The int8 copy's rollout step as the rollout calls it (as `acting_unit`'s): numpy observations in, moved to where
+    the copy acts, numpy actions out; with the function that puts the rollout's noise there."""
+
+    def int8_step(obs, noise):
+        return quant_policy(qactor, torch.from_numpy(obs).to(act_device, non_blocking=True), noise).cpu().numpy()
+
+    return int8_step, lambda noise: noise.to(act_device)
 
 
 def policy_bytes(module: nn.Module) -> int:
@@ -355,10 +370,38 @@ def refresh(acting: nn.Module, learner: nn.Module):
         torch._foreach_copy_(params, [x.view_as(p) for x, p in zip(flat.split([p.numel() for p in params]), params)])
 
 
-def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf, episodes, n_actions: int, rng):
-    """num_steps steps of every env into `buf`, acting on `act_device` (in numpy with `numpy_act`); returns the last
-    obs/done (numpy) and the time split. The env's outputs and the actions are staged in numpy and reach `buf` in one
-    copy per iteration each."""
+def acting_unit(args, policy, agent, agent_inference, device):
+    """The rollout's policy step as the rollout calls it, numpy observations and the step's row of the rollout's noise
+    in, numpy actions out; with the function that puts the rollout's noise where the step reads it, and the one that
+    brings the acting weights up to date once per iteration. The CPU acting paths are here and nowhere else:
+    - a CUDA learner with --no-host-actor acts with `policy`, the compiled, graphed unit;
+    - a CPU learner acts with its own actor, and a CUDA learner with --host-actor with a host copy of it (~20 KB
+      refreshed per iteration): a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches. Either acts
+      through numpy views of the weights (--numpy-act: at 4 rows a torch forward is all per-op dispatch) or eagerly:
+      compiled, a step is faster alone (29 vs 34 us) but slower in the rollout, where it and the env evict each
+      other's caches (93 vs 83 us a step)."""
+    if device.type == "cuda" and not args.host_actor:
+
+        def device_step(obs, noise):
+            return policy(torch.from_numpy(obs).to(device, non_blocking=True), noise).cpu().numpy()
+
+        return device_step, lambda noise: noise, lambda: None
+    host = device.type == "cuda"
+    actor = host_copy(agent.actor, torch.device("cpu")) if host else agent_inference.actor
+    refresh_actor = functools.partial(refresh, actor, agent.actor) if host else lambda: None
+    if args.numpy_act:
+        return numpy_policy(actor), lambda noise: noise.cpu().numpy(), refresh_actor
+
+    def host_step(obs, noise):
+        return act(actor, torch.from_numpy(obs), noise).numpy()
+
+    return host_step, lambda noise: noise.cpu(), refresh_actor
+
+
+def rollout(envs, policy, place_noise, next_obs, next_done, buf, episodes, n_actions: int, rng):
+    """num_steps steps of every env into `buf`, acting with `policy` (`acting_unit`'s step); returns the last obs/done
+    (numpy) and the time split. The env's outputs and the actions are staged in numpy and reach `buf` in one copy per
+    iteration each."""
     num_steps = buf["obs"].shape[0]
     device = buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
@@ -369,18 +412,12 @@ def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf,
     t_policy = 0.0
     # one draw per rollout from the loop's generator, brought to where the policy acts in one transfer
     gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()
-    gumbel = gumbel.to(act_device)
-    if numpy_act:
-        gumbel = gumbel.numpy()
+    gumbel = place_noise(gumbel)
     for step in range(num_steps):
         obs[step] = next_obs
         dones[step] = next_done
         t0 = time.perf_counter()
-        if numpy_act:
-            actions[step] = policy(next_obs, gumbel[step])
-        else:
-            obs_device = torch.from_numpy(next_obs).to(act_device, non_blocking=True)
-            actions[step] = policy(obs_device, gumbel[step]).cpu().numpy()
+        actions[step] = policy(next_obs, gumbel[step])
         t1 = time.perf_counter()
         next_obs, reward, terminations, truncations, _ = envs.step(actions[step])
         t_env += time.perf_counter() - t1
@@ -509,14 +546,10 @@ def main(args: Args):
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
     optimizer = make_optimizer(agent, lr, capturable=device.type == "cuda")
-    host = args.host_actor and device.type == "cuda"
-    act_device = torch.device("cpu") if host else device
-    acting = host_copy(agent.actor, act_device) if host else agent_inference.actor
-    numpy_act = args.numpy_act and act_device.type == "cpu"
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
     # the base's fp32 step: here the latency baseline of the summary
-    policy = numpy_policy(acting) if numpy_act else functools.partial(act, acting)
+    policy = functools.partial(act, agent_inference.actor)
     quant_policy = act  # the int8 steps take the acting copy as an argument: a rebuilt copy is not a new function
     behaviour = behaviour_logprob
     evaluate = agent_inference.forward
@@ -527,26 +560,22 @@ def main(args: Args):
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
         # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
         options = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
-        if act_device.type == "cuda":
-            # acting on a CPU (the learner's or the host's) the policy stays eager: compiled it is faster alone (29 vs
-            # 34 us) but slower in the rollout, where it and the env evict each other's caches (93 vs 83 us a step)
-            policy = torch.compile(policy, options=options)
+        policy = torch.compile(policy, options=options)
         # the int8 steps are compiled on a CPU too: eager, torchao's tensor subclass dispatches every op from Python.
         # A rebuilt copy is a new module with the same structure: no recompilation.
         quant_policy = torch.compile(quant_policy, options=options)
         behaviour = torch.compile(behaviour, options=options)
-        if device.type == "cuda":
-            # on a CPU they run once an iteration: compiled they saved 0.15 ms of ~9 and cost 7.5 s each to compile
-            evaluate = torch.compile(evaluate, options=options)
-            get_value = torch.compile(get_value, options=options)
+        evaluate = torch.compile(evaluate, options=options)
+        get_value = torch.compile(get_value, options=options)
         update_minibatch = torch.compile(update_minibatch, options=options)
     if args.cudagraphs:
-        if act_device.type == "cuda":  # CUDA graphs capture CUDA work only: a policy acting on the host stays out
-            policy = CudaGraphModule(policy)
+        policy = CudaGraphModule(policy)
         # the int8 steps stay out of CUDA graphs: a graph replays the tensors it captured; every rebuild makes new ones
         evaluate = CudaGraphModule(evaluate)
         get_value = CudaGraphModule(get_value)
         update_minibatch = CudaGraphModule(update_minibatch)
+    # a policy acting on the host (a CPU learner's, or --host-actor's copy) takes the compiled one's place
+    policy, place_noise, refresh_actor = acting_unit(args, policy, agent, agent_inference, device)
 
     shape = (args.num_steps, args.num_envs)
     buf = dict(
@@ -571,9 +600,9 @@ def main(args: Args):
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
 
-    # the int8 copy is built from the actor that acts in the base: the host copy, or the learner's own
-    quant_source = acting if host else agent.actor
-    requant = Requantizer(quant_source, torch.from_numpy(next_obs).to(act_device), args.quant_every, args.quant_async)
+    # the int8 copy acts where the base's policy acts (`acting_unit`), built from the learner's actor copied there
+    act_device = device if device.type == "cuda" and not args.host_actor else torch.device("cpu")
+    requant = Requantizer(agent.actor, torch.from_numpy(next_obs).to(act_device), args.quant_every, args.quant_async)
     run = plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step)
     iteration = start_iteration - 1
     with run:
@@ -581,13 +610,11 @@ def main(args: Args):
             t_iter = time.perf_counter()
             if args.anneal_lr:
                 lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
-            if host:  # the acting copy takes the last updates' (or the resumed checkpoint's) parameters
-                refresh(acting, agent.actor)
             t_swap = requant.refresh(iteration - start_iteration)
             qactor = requant.current  # the policy that acts in this rollout, and whose log-probs are stored
-            int8_policy = functools.partial(quant_policy, qactor)
+            int8_policy, place_int8_noise = int8_acting_unit(quant_policy, qactor, act_device)
             next_obs, next_done, t_env, t_policy = rollout(
-                envs, int8_policy, act_device, False, next_obs, next_done, buf, episodes, n_actions, rng
+                envs, int8_policy, place_int8_noise, next_obs, next_done, buf, episodes, n_actions, rng
             )
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
@@ -661,15 +688,14 @@ def main(args: Args):
             next_done=torch.from_numpy(next_done),
             episodes=episodes.state(),
         )
-    # the policy's cost per rollout step on the last observations: fp32 as the base script acts, int8 as this one
-    x = torch.from_numpy(next_obs).to(act_device)
-    gumbel = -torch.empty(args.num_envs, n_actions, device=act_device).exponential_().log()
+    # the policy's cost per rollout step on the last observations, each as the rollout calls it: fp32 as the base
+    # script acts (here only, so its host copy, if any, takes the trained weights now), int8 as this one
+    refresh_actor()
+    gumbel = -torch.empty(args.num_envs, n_actions, device=device).exponential_().log()
+    int8_policy, place_int8_noise = int8_acting_unit(quant_policy, requant.current, act_device)
     with torch.compiler.set_stance("default", skip_guard_eval_unsafe=args.compile):  # as in the loop
-        if numpy_act:
-            latency_fp32 = forward_latency(policy, x.numpy(), gumbel.numpy())
-        else:
-            latency_fp32 = forward_latency(policy, x, gumbel)
-        latency_quant = forward_latency(functools.partial(quant_policy, requant.current), x, gumbel)
+        latency_fp32 = forward_latency(policy, next_obs, place_noise(gumbel))
+        latency_quant = forward_latency(int8_policy, next_obs, place_int8_noise(gumbel))
     quant = dict(
         quant_method=QUANT_METHOD,
         quant_every=args.quant_every,

@@ -19,15 +19,17 @@ The base's tricks, each in the function that holds it (doc/classic_control.md me
 
 - `act`: a rollout step only samples, argmax(logits + Gumbel noise), exact Categorical sampling without a Distribution;
   the log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
-- `numpy_policy` (--numpy-act): a policy acting on the CPU acts through numpy views of the actor's weights.
+- `acting_unit`: where the rollout acts, and the only place that knows. A CPU learner acts with its own actor and a
+  CUDA learner with a host copy of it (--host-actor, `host_copy` and `refresh`: a 4-row step of a 64-unit MLP costs
+  less on the CPU than GPU launches), through numpy views of the weights (--numpy-act, `numpy_policy`); a CUDA learner
+  with --no-host-actor acts with the compiled, graphed policy unit.
 - `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
 - `update`, `adam_step`: torch.func.grad and torch.optim's functional Adam, so that compiled, forward, backward,
   clipping and the Adam step are one graph (loss.backward() and optimizer.step() would each break it).
-- `host_copy`, `refresh` (--host-actor): a CUDA learner acts through a host copy of the actor, refreshed once per
-  iteration: a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches.
 - `gae`: the recursion over numpy rows: as fast as compiled torch ops, with nothing to compile.
-- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs);
-  lr is a tensor changed in place (no recompilation); once all has compiled the guards are skipped.
+- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs),
+  as in LeanRL's file; lr is a tensor changed in place (no recompilation); once all has compiled the guards are
+  skipped.
 
     python leanrl/ppo_teacher_student_torchcompile.py --compile               # CPU or GPU
     python leanrl/ppo_teacher_student_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the units
@@ -131,9 +133,9 @@ class Args:
     """episodes the teacher plays per measurement (one per env, in parallel); their steps are not training steps"""
 
     compile: bool = False
-    """if toggled, wrap the units in torch.compile: `update`, and on CUDA `evaluate`, `get_value` and the policy
-    step when it acts there (--no-host-actor); the teacher's value and update (on CUDA its policy too); `gae` runs
-    in numpy, with nothing to compile"""
+    """if toggled, wrap the units in torch.compile: the policy step, `evaluate`, `get_value` and `update` (a policy
+    acting on the host, a CPU learner's or --host-actor's, acts in numpy or eagerly instead: `acting_unit`), and the
+    teacher's value and update (on CUDA its policy too); `gae` runs in numpy, with nothing to compile"""
     cudagraphs: bool = False
     """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     host_actor: bool = True
@@ -293,10 +295,38 @@ def refresh(acting: nn.Module, learner: nn.Module):
         torch._foreach_copy_(params, [x.view_as(p) for x, p in zip(flat.split([p.numel() for p in params]), params)])
 
 
-def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf, episodes, n_actions: int, rng):
-    """num_steps steps of every env into `buf`, acting on `act_device` (in numpy with `numpy_act`); returns the last
-    obs/done (numpy) and the time split. The env's outputs and the actions are staged in numpy and reach `buf` in one
-    copy per iteration each."""
+def acting_unit(args, policy, agent, agent_inference, device):
+    """The rollout's policy step as the rollout calls it, numpy observations and the step's row of the rollout's noise
+    in, numpy actions out; with the function that puts the rollout's noise where the step reads it, and the one that
+    brings the acting weights up to date once per iteration. The CPU acting paths are here and nowhere else:
+    - a CUDA learner with --no-host-actor acts with `policy`, the compiled, graphed unit;
+    - a CPU learner acts with its own actor, and a CUDA learner with --host-actor with a host copy of it (~20 KB
+      refreshed per iteration): a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches. Either acts
+      through numpy views of the weights (--numpy-act: at 4 rows a torch forward is all per-op dispatch) or eagerly:
+      compiled, a step is faster alone (29 vs 34 us) but slower in the rollout, where it and the env evict each
+      other's caches (93 vs 83 us a step)."""
+    if device.type == "cuda" and not args.host_actor:
+
+        def device_step(obs, noise):
+            return policy(torch.from_numpy(obs).to(device, non_blocking=True), noise).cpu().numpy()
+
+        return device_step, lambda noise: noise, lambda: None
+    host = device.type == "cuda"
+    actor = host_copy(agent.actor, torch.device("cpu")) if host else agent_inference.actor
+    refresh_actor = functools.partial(refresh, actor, agent.actor) if host else lambda: None
+    if args.numpy_act:
+        return numpy_policy(actor), lambda noise: noise.cpu().numpy(), refresh_actor
+
+    def host_step(obs, noise):
+        return act(actor, torch.from_numpy(obs), noise).numpy()
+
+    return host_step, lambda noise: noise.cpu(), refresh_actor
+
+
+def rollout(envs, policy, place_noise, next_obs, next_done, buf, episodes, n_actions: int, rng):
+    """num_steps steps of every env into `buf`, acting with `policy` (`acting_unit`'s step); returns the last obs/done
+    (numpy) and the time split. The env's outputs and the actions are staged in numpy and reach `buf` in one copy per
+    iteration each."""
     num_steps = buf["obs"].shape[0]
     device = buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
@@ -307,18 +337,12 @@ def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf,
     t_policy = 0.0
     # one draw per rollout from the loop's generator, brought to where the policy acts in one transfer
     gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()
-    gumbel = gumbel.to(act_device)
-    if numpy_act:
-        gumbel = gumbel.numpy()
+    gumbel = place_noise(gumbel)
     for step in range(num_steps):
         obs[step] = next_obs
         dones[step] = next_done
         t0 = time.perf_counter()
-        if numpy_act:
-            actions[step] = policy(next_obs, gumbel[step])
-        else:
-            obs_device = torch.from_numpy(next_obs).to(act_device, non_blocking=True)
-            actions[step] = policy(obs_device, gumbel[step]).cpu().numpy()
+        actions[step] = policy(next_obs, gumbel[step])
         t1 = time.perf_counter()
         next_obs, reward, terminations, truncations, _ = envs.step(actions[step])
         t_env += time.perf_counter() - t1
@@ -463,10 +487,6 @@ def main(args: Args):
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
     optimizer = make_optimizer(agent, lr, capturable=device.type == "cuda")
-    host = args.host_actor and device.type == "cuda"
-    act_device = torch.device("cpu") if host else device
-    acting = host_copy(agent.actor, act_device) if host else agent_inference.actor
-    numpy_act = args.numpy_act and act_device.type == "cpu"
     # the teacher: built after the student, from torch's global generator, which the loop does not use: the student's
     # numbers are the base's. It learns on the learner's device, with an lr tensor and an Adam state of its own.
     teacher = Agent(n_obs, n_actions, args.teacher_hidden_dim, args.teacher_hidden_depth).to(device)
@@ -481,7 +501,7 @@ def main(args: Args):
     )
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
-    policy = numpy_policy(acting) if numpy_act else functools.partial(act, acting)
+    policy = functools.partial(act, agent_inference.actor)
     evaluate = agent_inference.forward
     get_value = agent_inference.get_value
     update_minibatch = functools.partial(update, agent, optimizer, lr, args)
@@ -493,30 +513,28 @@ def main(args: Args):
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
         # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
         options = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
-        if act_device.type == "cuda":
-            # acting on a CPU (the learner's or the host's) the policy stays eager: compiled it is faster alone (29 vs
-            # 34 us) but slower in the rollout, where it and the env evict each other's caches (93 vs 83 us a step)
-            policy = torch.compile(policy, options=options)
-        if device.type == "cuda":
-            # on a CPU they run once an iteration: compiled they saved 0.15 ms of ~9 and cost 7.5 s each to compile
-            evaluate = torch.compile(evaluate, options=options)
-            get_value = torch.compile(get_value, options=options)
+        policy = torch.compile(policy, options=options)
+        evaluate = torch.compile(evaluate, options=options)
+        get_value = torch.compile(get_value, options=options)
         update_minibatch = torch.compile(update_minibatch, options=options)
         # the teacher's units share their code with the student's: dynamic=False keeps a graph of static shapes for
         # each network (a second network's shapes would otherwise make the recompiled graph dynamic)
-        if device.type == "cuda":  # the teacher plays on the learner's device: eager on a CPU, as the student acts
+        if device.type == "cuda":
+            # the teacher plays on the learner's device, on a CPU eagerly: there a compiled 4-row step of its 1024-wide
+            # layers cost as much (2.4 ms, memory-bound) after a 12 s cold compile
             teacher_policy = torch.compile(teacher_policy, options=options, dynamic=False)
         teacher_value = torch.compile(teacher_value, options=options, dynamic=False)
         update_teacher = torch.compile(update_teacher, options=options, dynamic=False)
     if args.cudagraphs:
-        if act_device.type == "cuda":  # CUDA graphs capture CUDA work only: a policy acting on the host stays out
-            policy = CudaGraphModule(policy)
+        policy = CudaGraphModule(policy)
         evaluate = CudaGraphModule(evaluate)
         get_value = CudaGraphModule(get_value)
         update_minibatch = CudaGraphModule(update_minibatch)
         teacher_policy = CudaGraphModule(teacher_policy)
         teacher_value = CudaGraphModule(teacher_value)
         update_teacher = CudaGraphModule(update_teacher)
+    # a policy acting on the host (a CPU learner's, or --host-actor's copy) takes the compiled one's place
+    policy, place_noise, refresh_actor = acting_unit(args, policy, agent, agent_inference, device)
 
     shape = (args.num_steps, args.num_envs)
     buf = dict(
@@ -553,10 +571,9 @@ def main(args: Args):
             if args.anneal_lr:
                 lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
                 teacher_lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.teacher_learning_rate)
-            if host:  # the acting copy takes the last updates' (or the resumed checkpoint's) parameters
-                refresh(acting, agent.actor)
+            refresh_actor()  # a host copy takes the last updates' (or the resumed checkpoint's) parameters
             next_obs, next_done, t_env, t_policy = rollout(
-                envs, policy, act_device, numpy_act, next_obs, next_done, buf, episodes, n_actions, rng
+                envs, policy, place_noise, next_obs, next_done, buf, episodes, n_actions, rng
             )
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter

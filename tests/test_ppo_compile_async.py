@@ -81,7 +81,7 @@ def twin_units(m, family: str, twin, args):
     """What compile_in_background builds around `twin` and warms up, in process."""
     device = torch.device("cpu")
     if family == "classic":
-        units = m.compile_units(twin, args, device, device, None)
+        units = m.compile_units(twin, args, device)
         m.warm_up(units, args, device, 4, 2)
         return units
     return m.warm_up(m.compile_units(twin, args, device, 1), args, device, (4, 84, 84), 4)
