@@ -7,17 +7,19 @@ the tricks remove machinery. Each in the function that holds it (doc/continuous_
 
 - `act`, `Agent.rollout_noise`: a rollout step only samples, mean + std * noise drawn once per rollout; the
   log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
-- `numpy_units` (--numpy-act): a rollout acting on the CPU normalizes and acts in numpy, on views of the tensors.
+- `acting_unit`: where the rollout acts, and the only place that knows. A CPU learner acts with its own actor_mean
+  and a CUDA learner with a host copy of it (--host-actor, `host_copy` and `refresh`: a one-row step of a 64-unit MLP
+  costs less there than GPU launches), the normalizer on the host too, in numpy on views of the tensors (--numpy-act,
+  `numpy_units`); a CUDA learner with --no-host-actor acts with the compiled, graphed normalizer and policy units.
 - `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
 - `Normalizer`: the observation statistics are tensors updated in place where the rollout acts (compiled, one fused
   step); the reward scaling of a whole rollout is done at once from cumulative sums (`Normalizer.rewards`).
 - `gae`: the deltas in torch, the recursion over numpy rows on the host.
 - `update`, `adam_step`: torch.func.grad and torch.optim's functional Adam, so that compiled, forward, backward,
   clipping and the Adam step are one graph (loss.backward() and optimizer.step() would each break it).
-- `host_copy`, `refresh` (--host-actor): a CUDA learner acts through a host copy of actor_mean, refreshed once per
-  iteration, with the normalizer on the host too: a one-row step of a 64-unit MLP costs less there than GPU launches.
-- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs);
-  lr is a tensor changed in place (no recompilation); once all has compiled the guards are skipped.
+- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs),
+  as in LeanRL's file; lr is a tensor changed in place (no recompilation); once all has compiled the guards are
+  skipped.
 
     python leanrl/ppo_continuous_action_torchcompile.py --compile               # CPU or GPU
     python leanrl/ppo_continuous_action_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the units
@@ -101,9 +103,10 @@ class Args:
     """the target KL divergence threshold"""
 
     compile: bool = False
-    """if toggled, wrap the units in torch.compile: `update`, the observation normalizer unless it runs in numpy
-    (--numpy-act, acting on a CPU), and on CUDA `evaluate`, `get_value` and the policy step when it acts there
-    (--no-host-actor); `gae` runs in numpy, with nothing to compile"""
+    """if toggled, wrap the units in torch.compile: the observation normalizer, the policy step, `evaluate`, `get_value`
+    and `update` (a rollout acting on the host, a CPU learner's or --host-actor's, normalizes and acts in numpy, or
+    with the normalizer compiled and the policy eager instead: `acting_unit`); `gae` runs in numpy, with nothing to
+    compile"""
     cudagraphs: bool = False
     """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     host_actor: bool = True
@@ -215,6 +218,14 @@ class Normalizer:
         s.count.copy_(counts[-1])
         return (rewards / (var + self.eps).sqrt().unsqueeze(1)).clamp(-self.clip, self.clip).float()
 
+    def to(self, device):
+        """The statistics moved to `device`, where the rollout acts: new tensors, so before a unit or a numpy view
+        (`numpy_units`) reads them; returns the normalizer."""
+        for stats in (self.obs_rms, self.ret_rms):
+            for k, v in vars(stats).items():
+                setattr(stats, k, v.to(device))
+        return self
+
     def state_dict(self):
         return {name: {k: v.cpu() for k, v in vars(getattr(self, name)).items()} for name in ("obs_rms", "ret_rms")}
 
@@ -314,12 +325,55 @@ def refresh(acting: nn.Module, learner: nn.Module):
         torch._foreach_copy_(params, [x.view_as(p) for x, p in zip(flat.split([p.numel() for p in params]), params)])
 
 
-def rollout(envs, policy, normalize, normalizer, numpy_act, next_obs, next_done, buf, episodes, noise, action_bounds):
-    """num_steps steps of every env into `buf`, acting where `next_obs` and `noise` are (in numpy with `numpy_act`);
-    returns the last (normalized) obs and done, and the time split. Staged in numpy (obs in a list), each field
-    reaches `buf` in one copy."""
+def acting_unit(args, normalize, policy, normalizer, agent, agent_inference, device):
+    """The rollout's two steps as the rollout calls them: the normalizer's (the env's numpy obs in, the obs the policy
+    reads out) and the policy's (that obs and the step's row of the rollout's noise in, numpy actions out); with the
+    functions that put the rollout's noise where the policy reads it, that stack a rollout's obs into one tensor, and
+    that bring the acting weights up to date once per iteration. The CPU acting paths are here and nowhere else:
+    - a CUDA learner with --no-host-actor acts with `normalize` and `policy`, the compiled, graphed units;
+    - a CPU learner acts with its own actor_mean, and a CUDA learner with --host-actor with a host copy of it (~20 KB
+      refreshed per iteration), with the normalizer's statistics moved to the host: a one-row step of a 64-unit MLP
+      costs less there than GPU launches. Either normalizes and acts in numpy, on views of the statistics and weights
+      (--numpy-act: at one row a torch call is all per-op dispatch), or in torch: the normalizer compiled with
+      --compile (one fused step, ~80 -> ~40 us), the policy eager (compiled it is slower, ~90 vs ~45 us a step)."""
+    if device.type == "cuda" and not args.host_actor:
+
+        def device_normalize(obs):
+            return normalize(torch.from_numpy(obs).to(device, non_blocking=True))
+
+        def device_step(obs, noise):
+            return policy(obs, noise).cpu().numpy()
+
+        return device_normalize, device_step, lambda noise: noise, torch.stack, lambda: None
+    host = device.type == "cuda"
+    actor = host_copy(agent.actor_mean, torch.device("cpu")) if host else agent_inference.actor_mean
+    refresh_actor = functools.partial(refresh, actor, agent.actor_mean) if host else lambda: None
+    normalizer.to(torch.device("cpu"))
+    if args.numpy_act:
+        numpy_normalize, numpy_policy = numpy_units(actor, normalizer)
+
+        def stack_numpy(obs):
+            return torch.from_numpy(np.stack(obs))
+
+        return numpy_normalize, numpy_policy, lambda noise: noise.cpu().numpy(), stack_numpy, refresh_actor
+    # compiled here, not in the block: there the normalizer's unit may be a CUDA graph
+    host_normalize = torch.compile(normalizer.obs) if args.compile else normalizer.obs
+
+    def torch_normalize(obs):
+        return host_normalize(torch.from_numpy(obs))
+
+    def host_step(obs, noise):
+        return act(actor, obs, noise).numpy()
+
+    return torch_normalize, host_step, lambda noise: noise.cpu(), torch.stack, refresh_actor
+
+
+def rollout(envs, policy, normalize, stack_obs, normalizer, next_obs, next_done, buf, episodes, noise, action_bounds):
+    """num_steps steps of every env into `buf`, acting with `normalize` and `policy` (`acting_unit`'s steps) and
+    `noise` where `policy` reads it; returns the last obs (as `normalize` gives it) and done, and the time split.
+    Staged in numpy (obs in a list, stacked by `stack_obs`), each field reaches `buf` in one copy."""
     num_steps = buf["obs"].shape[0]
-    device = next_obs.device
+    device = normalizer.obs_rms.mean.device  # where the rollout acts
     dones = np.empty(buf["dones"].shape, np.float32)
     rewards = np.empty(buf["rewards"].shape, np.float32)
     returns = np.empty(buf["rewards"].shape)
@@ -331,25 +385,19 @@ def rollout(envs, policy, normalize, normalizer, numpy_act, next_obs, next_done,
         obs.append(next_obs)
         dones[step] = next_done
         t0 = time.perf_counter()
-        if numpy_act:
-            actions[step] = policy(next_obs, noise[step])
-        else:
-            actions[step] = policy(next_obs, noise[step]).cpu().numpy()
+        actions[step] = policy(next_obs, noise[step])
         t1 = time.perf_counter()
         raw_obs, reward, terminated, next_done, last = env_step(envs, np.clip(actions[step], *action_bounds))
         t2 = time.perf_counter()
         if len(last):  # before the reset's obs, as gymnasium's NormalizeObservation sees them
-            normalizer.observe(torch.from_numpy(last).to(normalizer.obs_rms.mean.device))
-        if numpy_act:
-            next_obs = normalize(raw_obs)
-        else:
-            next_obs = normalize(torch.from_numpy(raw_obs).to(device, non_blocking=True))
+            normalizer.observe(torch.from_numpy(last).to(device))
+        next_obs = normalize(raw_obs)
         t_env += t2 - t1
         t_policy += t1 - t0 + time.perf_counter() - t2
         rewards[step] = reward
         returns[step] = normalizer.discounted_return(reward, terminated)
         episodes.record(reward, next_done)
-    buf["obs"].copy_(torch.from_numpy(np.stack(obs)) if numpy_act else torch.stack(obs), non_blocking=True)
+    buf["obs"].copy_(stack_obs(obs), non_blocking=True)
     buf["actions"].copy_(torch.from_numpy(actions), non_blocking=True)
     buf["dones"].copy_(torch.from_numpy(dones), non_blocking=True)
     buf["rewards"].copy_(normalizer.rewards(torch.from_numpy(rewards).to(device), torch.from_numpy(returns).to(device)))
@@ -473,41 +521,33 @@ def main(args: Args):
     # otherwise keep Parameters of its own, requires_grad and all, and only swap their data)
     agent_inference = Agent(n_obs, n_actions).to(device)
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
-    host = args.host_actor and device.type == "cuda"
-    act_device = torch.device("cpu") if host else device
-    acting = host_copy(agent.actor_mean, act_device) if host else agent_inference.actor_mean
-    normalizer = Normalizer(args.num_envs, n_obs, args.gamma, act_device)  # where the rollout acts
-    numpy_act = args.numpy_act and act_device.type == "cpu"
+    normalizer = Normalizer(args.num_envs, n_obs, args.gamma, device)  # acting_unit moves it to a host that acts
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
     optimizer = make_optimizer(agent, lr, capturable=device.type == "cuda")
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
-    policy = functools.partial(act, acting)
     normalize = normalizer.obs
-    if numpy_act:
-        normalize, policy = numpy_units(acting, normalizer)
+    policy = functools.partial(act, agent_inference.actor_mean)
     evaluate = agent_inference.forward
     get_value = agent_inference.get_value
     update_minibatch = functools.partial(update, agent, optimizer, lr, args)
     if args.compile:
-        # on a CPU (the learner's or the host's) only what repays its compile: the per-step normalizer (~80 -> ~40 us)
-        # and 320 updates an iteration; the policy is slower compiled (~90 vs ~45 us), evaluate and get_value run once
-        # an iteration (< 1 ms saved). Default options: on CUDA max_autotune autotunes Triton GEMMs for minutes
-        if act_device.type == "cuda":
-            policy = torch.compile(policy)
-        if device.type == "cuda":
-            evaluate = torch.compile(evaluate)
-            get_value = torch.compile(get_value)
-        if not numpy_act:
-            normalize = torch.compile(normalize)
+        # default options: on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
+        normalize = torch.compile(normalize)
+        policy = torch.compile(policy)
+        evaluate = torch.compile(evaluate)
+        get_value = torch.compile(get_value)
         update_minibatch = torch.compile(update_minibatch)
     if args.cudagraphs:
-        if act_device.type == "cuda":  # CUDA graphs capture CUDA work only: units acting on the host stay out
-            policy = CudaGraphModule(policy)
-            normalize = CudaGraphModule(normalize)
+        normalize = CudaGraphModule(normalize)
+        policy = CudaGraphModule(policy)
         evaluate = CudaGraphModule(evaluate)
         get_value = CudaGraphModule(get_value)
         update_minibatch = CudaGraphModule(update_minibatch)
+    # a rollout acting on the host (a CPU learner's, or --host-actor's copy) takes the place of the acting units
+    normalize, policy, place_noise, stack_obs, refresh_actor = acting_unit(
+        args, normalize, policy, normalizer, agent, agent_inference, device
+    )
 
     shape = (args.num_steps, args.num_envs)
     buf = dict(
@@ -531,28 +571,22 @@ def main(args: Args):
     run = plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step)
     iteration = start_iteration - 1
     with run:
-        if numpy_act:
-            next_obs = normalize(envs.reset()[0])
-        else:
-            next_obs = normalize(torch.from_numpy(envs.reset()[0]).to(act_device))  # with --compile, it compiles here
+        next_obs = normalize(envs.reset()[0])  # a compiled normalizer compiles here
         next_done = np.zeros(args.num_envs, dtype=bool)
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             if args.anneal_lr:
                 lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
-            if host:  # the acting copy takes the last updates' (or the resumed checkpoint's) parameters
-                refresh(acting, agent.actor_mean)
-            noise = agent_inference.rollout_noise(buf["actions"].shape, rng).to(act_device)  # one draw, one transfer
-            if numpy_act:
-                noise = noise.numpy()
+            refresh_actor()  # a host copy takes the last updates' (or the resumed checkpoint's) parameters
+            noise = place_noise(agent_inference.rollout_noise(buf["actions"].shape, rng))  # one draw, one transfer
             next_obs, next_done, t_env, t_policy = rollout(
-                envs, policy, normalize, normalizer, numpy_act, next_obs, next_done, buf, episodes, noise, action_bounds
+                envs, policy, normalize, stack_obs, normalizer, next_obs, next_done, buf, episodes, noise, action_bounds
             )
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
 
             t0 = time.perf_counter()
-            last_obs = torch.from_numpy(next_obs).to(device) if numpy_act else next_obs.to(device)
+            last_obs = stack_obs([next_obs])[0].to(device)  # as the rollout's obs reach the buffer
             last_done = torch.from_numpy(next_done).to(device).float()
             logprobs, _, values = evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
             buf["logprobs"].copy_(logprobs)

@@ -7,6 +7,7 @@ Each script runs with --compile once, and the runs are shared by the assertions 
 import copy
 import functools
 import signal
+from types import SimpleNamespace
 
 import envpool
 import gymnasium
@@ -246,27 +247,22 @@ def test_normalizers_match_cleanrls_gymnasium_wrappers(how):
             k: torch.zeros((steps, 1) + dims)
             for k, dims in (("obs", (11,)), ("actions", (3,)), ("dones", ()), ("rewards", ()))
         }
-        noise = torch.zeros(steps, 1, 3)
-        actor_mean = module.Agent(11, 3).requires_grad_(False).actor_mean
-        if how == "numpy_act":
-            normalize, policy = module.numpy_units(actor_mean, normalizer)
-            next_obs = normalize(envs.reset()[0])
-            noise = noise.numpy()
-        else:
-            normalize = normalizer.obs
-            policy = functools.partial(module.act, actor_mean)
-            next_obs = normalize(torch.from_numpy(envs.reset()[0]))
+        agent = module.Agent(11, 3).requires_grad_(False)
+        # a CPU learner's rollout acts on the host, in torch or numpy: the compiled units are not needed
+        normalize, policy, place_noise, stack_obs, _ = module.acting_unit(
+            module.Args(numpy_act=how == "numpy_act"), None, None, normalizer, agent, agent, torch.device("cpu")
+        )
         last = module.rollout(
             envs,
             policy,
             normalize,
+            stack_obs,
             normalizer,
-            how == "numpy_act",
-            next_obs,
+            normalize(envs.reset()[0]),
             np.zeros(1, dtype=bool),
             buf,
             plumbing.Episodes(1),
-            noise,
+            place_noise(torch.zeros(steps, 1, 3)),
             (-np.ones(3), np.ones(3)),
         )[0]
         obs = np.concatenate([buf["obs"].detach().numpy(), np.asarray(last)[None]])
@@ -391,8 +387,9 @@ def test_rollout_noise_samples_the_policy_gaussian(tc):
 
 
 def cheetah_rollout(tc, actor, num_steps=64, seed=3, numpy_act=False):
-    """One rollout of a fresh HalfCheetah from a fixed seed (env, noise), acting with `actor` on the CPU (through
-    `numpy_units` with `numpy_act`), and a fresh normalizer: the buffers and the normalizer's statistics afterwards."""
+    """One rollout of a fresh HalfCheetah from a fixed seed (env, noise), acting with `actor` as a CPU learner acts
+    with its own (`acting_unit`: in torch, or in numpy with `numpy_act`), and a fresh normalizer: the buffers and the
+    normalizer's statistics afterwards."""
     envs = envpool.make("HalfCheetah-v4", env_type="gymnasium", num_envs=1, seed=seed)
     normalizer = tc.Normalizer(1, 17, GAMMA, "cpu")
     buf = {
@@ -400,25 +397,21 @@ def cheetah_rollout(tc, actor, num_steps=64, seed=3, numpy_act=False):
         for k, dims in (("obs", (17,)), ("actions", (6,)), ("dones", ()), ("rewards", ()))
     }
     noise = 0.5 * torch.randn(num_steps, 1, 6, generator=torch.Generator().manual_seed(seed))
-    if numpy_act:
-        normalize, policy = tc.numpy_units(actor, normalizer)
-        next_obs = normalize(envs.reset()[0])
-        noise = noise.numpy()
-    else:
-        normalize = normalizer.obs
-        policy = functools.partial(tc.act, actor)
-        next_obs = normalize(torch.from_numpy(envs.reset()[0]))
+    learner = SimpleNamespace(actor_mean=actor)
+    normalize, policy, place_noise, stack_obs, _ = tc.acting_unit(
+        tc.Args(numpy_act=numpy_act), None, None, normalizer, learner, learner, torch.device("cpu")
+    )
     tc.rollout(
         envs,
         policy,
         normalize,
+        stack_obs,
         normalizer,
-        numpy_act,
-        next_obs,
+        normalize(envs.reset()[0]),
         np.zeros(1, dtype=bool),
         buf,
         plumbing.Episodes(1),
-        noise,
+        place_noise(noise),
         (envs.action_space.low, envs.action_space.high),
     )
     envs.close()
@@ -440,8 +433,8 @@ def main_units(tc, tmp_path, **flags) -> dict:
             super().__init__(*shape)
             agents.append(self)
 
-    def first_rollout(envs, policy, normalize, normalizer, numpy_act, next_obs, *_):
-        seen.update(policy=policy, normalize=normalize, normalizer=normalizer, numpy_act=numpy_act, next_obs=next_obs)
+    def first_rollout(envs, policy, normalize, stack_obs, normalizer, next_obs, next_done, buf, episodes, noise, *_):
+        seen.update(policy=policy, normalize=normalize, normalizer=normalizer, next_obs=next_obs, noise=noise)
         raise FirstRollout
 
     threads = torch.get_num_threads()
@@ -458,14 +451,30 @@ def main_units(tc, tmp_path, **flags) -> dict:
 
 def test_a_cpu_learner_acts_with_the_learner_itself(tc, tmp_path):
     """A CPU learner acts with its inference copy's actor_mean (the agent's storage, no copy, nothing to refresh),
-    even with --host-actor (the default), and keeps the normalizer on the CPU."""
+    even with --host-actor (the default), and keeps the normalizer on the CPU: the rollout's normalize step merges
+    into the statistics main checkpoints, and its policy step acts with the learner's weights as they are now."""
     u = main_units(tc, tmp_path, numpy_act=False)
+    agent = u["agent"]
     acting = u["agent_inference"].actor_mean
-    assert u["policy"].func is tc.act and u["policy"].args == (acting,)
-    assert acting[0].weight.data_ptr() == u["agent"].actor_mean[0].weight.data_ptr()
+    assert acting[0].weight.data_ptr() == agent.actor_mean[0].weight.data_ptr()
     assert not any(p.requires_grad for p in acting.parameters())
-    assert u["normalize"].__self__ is u["normalizer"]
-    assert u["next_obs"].device.type == "cpu" and u["normalizer"].obs_rms.mean.device.type == "cpu"
+    normalizer = u["normalizer"]
+    assert u["next_obs"].device.type == "cpu" and normalizer.obs_rms.mean.device.type == "cpu"
+    reference = tc.Normalizer(1, 17, GAMMA, "cpu")
+    reference.load_state_dict(normalizer.state_dict())
+    raw = np.random.default_rng(0).normal(size=(1, 17)) * 3 + 1
+    assert torch.equal(u["normalize"](raw), reference.obs(torch.from_numpy(raw)))
+    for name, stats in reference.state_dict().items():
+        for key, value in stats.items():
+            assert torch.equal(value, normalizer.state_dict()[name][key]), (name, key)
+    obs, noise = u["next_obs"], u["noise"][0]
+    before = u["policy"](obs, noise)
+    with torch.no_grad():
+        agent.actor_mean[0].weight.add_(1.0)
+        agent.actor_mean[4].bias.add_(1.0)  # the output layer's weights are small (std 0.01): moved here too
+    after = u["policy"](obs, noise)
+    assert np.abs(after - before).max() > 1e-2
+    assert np.array_equal(after, tc.act(agent.actor_mean, obs, noise).detach().numpy())
 
 
 def test_host_copy_acts_as_the_learner_and_refresh_brings_the_updates(tc, tmp_path):
@@ -495,13 +504,44 @@ def test_host_copy_acts_as_the_learner_and_refresh_brings_the_updates(tc, tmp_pa
     assert_same_buffers(cheetah_rollout(tc, acting, numpy_act=True), numpy_learner)
 
 
+@pytest.mark.parametrize("numpy_act", [False, True])
+def test_a_cuda_learner_acts_with_a_host_copy_that_refresh_actor_brings_up_to_date(tc, tmp_path, numpy_act):
+    """What `acting_unit` builds for a CUDA learner with --host-actor (the host path touches no CUDA, so a CPU learner
+    stands in): a policy step on a copy of its own, stale after updates until `refresh_actor`, and the normalizer's
+    statistics on the host."""
+    u = main_units(tc, tmp_path, numpy_act=False)
+    agent = u["agent"]
+    normalizer = tc.Normalizer(1, 17, GAMMA, "cpu")
+    normalize, policy, place_noise, _, refresh_actor = tc.acting_unit(
+        tc.Args(numpy_act=numpy_act), None, None, normalizer, agent, u["agent_inference"], torch.device("cuda")
+    )
+    assert normalizer.obs_rms.mean.device.type == "cpu"
+    rng = np.random.default_rng(0)
+    obs = normalize(rng.normal(size=(1, 17)))
+    noise = place_noise(torch.from_numpy(rng.normal(size=(1, 1, 6)).astype(np.float32)))[0]
+
+    def learner_actions():
+        with torch.no_grad():
+            return tc.act(agent.actor_mean, torch.as_tensor(obs), torch.as_tensor(noise)).numpy()
+
+    np.testing.assert_allclose(policy(obs, noise), learner_actions(), rtol=0, atol=1e-5)
+    lr = torch.tensor(0.01)
+    update = functools.partial(tc.update, agent, tc.make_optimizer(agent, lr, capturable=False), lr, tc.Args())
+    batch = random_batch(256)
+    for _ in range(3):
+        update(*batch, torch.randperm(256)[:64])
+    assert np.abs(policy(obs, noise) - learner_actions()).max() > 1e-2  # the copy has storage of its own
+    refresh_actor()
+    np.testing.assert_allclose(policy(obs, noise), learner_actions(), rtol=0, atol=1e-5)
+
+
 def test_numpy_units_match_torch_and_follow_the_learner(tc, tmp_path):
     """--numpy-act (on by default where the rollout acts on a CPU): numpy's normalizer gives the torch unit's
     normalized obs exactly and its float64 statistics to the last bits; numpy's actions are torch's to float rounding,
     before and after updates that move them, because both read views of the tensors. Units over a copy taken once
     must fail (checked below). main() acts through them by default on a CPU."""
     u = main_units(tc, tmp_path)
-    assert u["numpy_act"] and isinstance(u["next_obs"], np.ndarray)
+    assert isinstance(u["next_obs"], np.ndarray) and isinstance(u["noise"], np.ndarray)
     agent = u["agent"]
     actor = u["agent_inference"].actor_mean
     torch_normalizer = tc.Normalizer(3, 17, GAMMA, "cpu")
@@ -531,6 +571,7 @@ def test_numpy_units_match_torch_and_follow_the_learner(tc, tmp_path):
     after = torch_actions()
     assert np.abs(after - before).max() > 1e-2  # the updates moved the policy
     np.testing.assert_allclose(policy(obs, noise), after, atol=1e-5)
+    assert np.array_equal(u["policy"](obs, noise), policy(obs, noise))  # main's step: numpy, on the learner's weights
     assert np.abs(taken_once(obs, noise) - after).max() > 1e-2
 
 
