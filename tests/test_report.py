@@ -251,7 +251,8 @@ def test_a_seeds_run_reads_as_one_run_per_member(tmp_path):
         "| `compile` | `ppo_seeds_torchcompile` | 5.0 | 490.0 ± 14.1 (n=2) | 1: 480.0, 2: 500.0 "
         "| 400.0 (400.0 to 400.0) | outside: above |"
     ) in text
-    assert "- time: 30 min, the sum of the runs' wall times" in text  # the baseline's 900 s, and 900 s the members share
+    # the baseline's 900 s, and the 900 s that the members share
+    assert "- time: 30 min, the sum of the runs' wall times" in text
 
 
 def test_learning_report_dates_and_commit(tmp_path, monkeypatch):
