@@ -542,21 +542,21 @@ class Episodes:
         self.finished.extend(state["finished"].tolist())
 
 
-class MemberEpisodes(Episodes):
+class MemberEpisodes:
     """`Episodes` of `members` runs side by side (the seeds scripts), `num_envs` envs each, in a row: one window of
     finished returns per member."""
 
     def __init__(self, members: int, num_envs: int, window: int = 20):
-        super().__init__(members * num_envs, window)
+        self.ret = np.zeros(members * num_envs)
         self.num_envs = num_envs
         self.members = [deque(maxlen=window) for _ in range(members)]
 
-    def record(self, reward, done, ids=None):
+    def record(self, reward, done):
+        """One step of every member's envs: add the rewards, close the done episodes into their member's window."""
         self.ret += reward
         if done.any():  # rare: most steps cost one numpy add
             for i in np.flatnonzero(done):
                 self.members[i // self.num_envs].append(float(self.ret[i]))
-                self.finished.append(float(self.ret[i]))
             self.ret[done] = 0
 
     def means(self) -> list:

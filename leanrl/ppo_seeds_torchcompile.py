@@ -8,7 +8,7 @@ The trick, in the functions that hold it (doc/seeds.md measures it):
 - `update`, `evaluate`, the acting step: torch.func.vmap over the base's functional units, so that every member's
   minibatch, advantage normalization, loss and gradient come from one call; `clip_members` clips each member's
   gradient by its own norm.
-- `make_envs`, `rollout`, `gae`: the members' envs step as one vector env (member k owns envs k*num_envs...), seeded as
+- `make_envs`, `rollout`: the members' envs step as one vector env (member k owns envs k*num_envs...), seeded as
   its own run's; each member draws its exploration noise and minibatch order from its own generator.
 
 The algorithm, network and defaults of ppo.py (CleanRL's). The base's tricks, each in the function that holds it

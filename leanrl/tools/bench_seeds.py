@@ -11,7 +11,6 @@ The table goes to <out>/table.md, the numbers to <out>/results.json.
 """
 
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -50,7 +49,8 @@ def launch(script: str, log_dir: Path, core: Optional[int], *flags: str) -> subp
     if core is not None:
         cmd = ["taskset", "-c", str(core)] + cmd
     log_dir.parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(f"{log_dir}.log", "w"))
+    with open(f"{log_dir}.log", "w") as log:  # the child keeps its own handle
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
 
 
 def wait(proc: subprocess.Popen, timeout: Optional[float], what: str):
@@ -104,6 +104,7 @@ def stacked(args: Args, script: str, n: int, out: Path) -> dict:
         returns=[m["final_return"] for m in summary["members"]],
         split_ms=split(out),
         compile_s=summary["compile_time"],
+        cpu=summary["cpu"],
     )
 
 
@@ -114,16 +115,16 @@ def main(args: Args):
         family=args.family,
         total_timesteps=args.total_timesteps,
         num_seeds=args.num_seeds,
-        cpu=platform.processor() or platform.machine(),
         commit=subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
         date=time.strftime("%Y-%m-%d"),
     )
     results["ordinary"] = ordinary(args, base, out / "ordinary")
     results["seeds"] = stacked(args, script, args.num_seeds, out / f"seeds{args.num_seeds}")
+    results["cpu"] = results["seeds"]["cpu"]  # as the scripts name it: the model and the cores this process may use
     results["sizes"] = {n: stacked(args, script, n, out / f"seeds{n}") for n in args.sizes}
     lines = [
         f"{args.family}, {args.num_seeds} seeds x {args.total_timesteps:,} steps, --compile, {results['date']}, "
-        f"commit {results['commit']}",
+        f"commit {results['commit']}, {results['cpu']}",
         "",
         "| way | wall s | vs ordinary | final returns |",
         "|---|---:|---:|---|",
