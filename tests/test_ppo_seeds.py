@@ -1,9 +1,13 @@
-"""ppo_seeds_torchcompile.py: N CartPole agents in one program, each exactly the run `ppo_torchcompile.py --seed s`.
+"""The seeds scripts: N agents in one program, each exactly the run of its base script with its seed.
 
 The reference is the base script itself, run once per seed: a member must log what that run logs (its episodes
 exactly, as the same actions are taken; its losses within float tolerance, as the members' batched matmuls and
-per-member norms sum in another order)."""
+per-member norms sum in another order). ppo_seeds_torchcompile.py (CartPole) is compared over every iteration;
+ppo_continuous_action_seeds_torchcompile.py (HalfCheetah) over its first iteration, where the first episode ends, and
+the checkpoint it writes after it: MuJoCo turns a float difference in the weights into another trajectory within the
+next rollout (the base's compiled and eager runs part the same way)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -76,3 +80,81 @@ def test_target_kl_is_refused_in_one_line(tmp_path):
     assert_rejected(
         "ppo_seeds_torchcompile.py", ["--target-kl", "0.01"], ["--target-kl", "ppo_torchcompile.py"], tmp_path
     )
+
+
+CHEETAH = ("--total-timesteps", "1024", "--num-steps", "1024", "--update-epochs", "2", "--save-model")
+
+
+@pytest.mark.parametrize(
+    "num_seeds,flags",
+    [(1, ()), (3, ()), (2, ("--compile",)), (2, ("--num-envs", "2", "--total-timesteps", "2048"))],
+    ids=["1-member", "3-members", "2-members-compiled", "2-members-2-envs-each"],
+)
+def test_a_halfcheetah_member_is_its_single_seed_run(tmp_path, num_seeds, flags):
+    """Member k of an N-member HalfCheetah run, first seed 7, is `ppo_continuous_action_torchcompile.py --seed 7+k`
+    through one iteration in which the first episode ends (step 1000 of 1024) and the env resets: the same episode,
+    the same losses, and in the checkpoint the same weights, Adam moments and normalizer statistics (the obs
+    statistics took the ended episode's last obs; the reward statistics every step's return). With two envs each,
+    the members' env seeds overlap, so each member's envs are a pool of their own."""
+    seeds_dir = tmp_path / "seeds"
+    script = "ppo_continuous_action_seeds_torchcompile.py"
+    run_script(script, *CHEETAH, *flags, "--seed", "7", "--num-seeds", str(num_seeds), log_dir=seeds_dir)
+    (row,) = read_metrics(seeds_dir)
+    stacked = torch.load(seeds_dir / "agent.pt", weights_only=True)
+    for k in range(num_seeds):
+        single_dir = tmp_path / f"seed{7 + k}"
+        run_script("ppo_continuous_action_torchcompile.py", *CHEETAH, *flags, "--seed", str(7 + k), log_dir=single_dir)
+        (single,) = read_metrics(single_dir)
+        member = row["members"][k]
+        assert member["seed"] == 7 + k
+        assert member["episodic_return"] == pytest.approx(single["episodic_return"], rel=1e-6), k
+        for key in LOSSES:
+            assert member[key] == pytest.approx(single[key], rel=1e-4, abs=2e-7), (k, key)
+        ckpt = torch.load(single_dir / "agent.pt", weights_only=True)
+        for name, p in ckpt["agent"].items():
+            torch.testing.assert_close(stacked["agent"][name][k], p, rtol=1e-4, atol=1e-6)
+        for i, state in ckpt["optimizer"]["state"].items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(stacked["optimizer"]["state"][i][key][k], state[key], rtol=1e-3, atol=1e-8)
+        for stats in ("obs_rms", "ret_rms"):
+            for key, value in ckpt["normalizer"][stats].items():
+                torch.testing.assert_close(stacked["normalizer"][stats][key][k].reshape(value.shape), value)
+
+
+def test_a_halfcheetah_seeds_run_refuses_target_kl(tmp_path):
+    assert_rejected(
+        "ppo_continuous_action_seeds_torchcompile.py",
+        ["--target-kl", "0.01"],
+        ["--target-kl", "ppo_continuous_action_torchcompile.py"],
+        tmp_path,
+    )
+
+
+def test_halfcheetah_members_act_alike_in_torch_and_in_numpy():
+    """--no-numpy-act acts for the members in torch (vmapped), the default in numpy: both must normalize the obs and
+    act alike, step after step as the statistics move. The numpy path is the one the member-equals-run test compares
+    with the base; in torch the batched matmuls round differently, and MuJoCo turns that into another episode."""
+    module = load_script("ppo_continuous_action_seeds_torchcompile")
+    args = module.Args(num_seeds=3, num_envs=2, seed=5)
+    agent, params = module.stack_members(args, 17, 6, torch.device("cpu"))
+    inference = {name: p.detach() for name, p in params.items()}
+    steps = []
+    for numpy_act in (True, False):
+        args.numpy_act = numpy_act
+        normalizer = module.Normalizer(args.num_seeds, args.num_envs, 17, 0.99, torch.device("cpu"))
+        normalize, policy, place_noise, stack_obs, _ = module.acting_unit(
+            args, None, None, normalizer, agent, inference, torch.device("cpu")
+        )
+        rng = np.random.default_rng(0)
+        noise = place_noise(
+            torch.randn(4, args.num_seeds, args.num_envs, 6, generator=torch.Generator().manual_seed(1))
+        )
+        out = []
+        for step in range(4):
+            obs = normalize(rng.normal(size=(args.num_seeds * args.num_envs, 17)) * (step + 1))
+            out.append((np.asarray(stack_obs([obs])[0]), policy(obs, noise[step])))
+        steps.append(out)
+    for (obs_np, act_np), (obs_torch, act_torch) in zip(*steps):
+        np.testing.assert_allclose(obs_torch, obs_np, rtol=1e-6, atol=1e-6)
+        assert act_torch.shape == act_np.shape == (args.num_seeds * args.num_envs, 6)
+        np.testing.assert_allclose(act_torch, act_np, rtol=1e-5, atol=1e-6)

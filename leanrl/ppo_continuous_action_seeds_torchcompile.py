@@ -1,0 +1,802 @@
+"""PPO for continuous control (MuJoCo through envpool, HalfCheetah-v4), --num-seeds agents in one program:
+ppo_continuous_action_torchcompile.py plus that.
+
+The trick, in the functions that hold it (doc/seeds.md measures it):
+
+- `stack_members`: member k is the agent `ppo_continuous_action_torchcompile.py --seed <seed + k>` would build, its
+  parameters stacked with the others' along a leading dimension (torch.func.stack_module_state); one Adam over the
+  stacked parameters steps each member as its own would (Adam is elementwise).
+- `update`, `evaluate`, the acting step: torch.func.vmap over the base's functional units, so that every member's
+  minibatch, advantage normalization, loss and gradient come from one call; `clip_members` clips each member's
+  gradient by its own norm.
+- `Normalizer`: each member's observation and reward statistics, stacked, updated in one call for all members.
+- `make_envs`, `rollout`: the members' envs step as one envpool pool (one env each: env k is seeded as member k's
+  run seeds its env), or a pool per member (more envs each); each member draws its exploration noise and minibatch
+  order from its own generator.
+
+The algorithm, network, normalization and defaults of ppo_continuous_action.py (CleanRL's). An iteration is 2048
+sequential single-env steps, then 320 minibatch updates of 64 samples: each costs its overhead, not its arithmetic, so
+the base's tricks remove machinery. Each in the function that holds it (doc/continuous_control.md measures each):
+
+- `act`, `Agent.rollout_noise`: a rollout step only samples, mean + std * noise drawn once per rollout; the
+  log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
+- `acting_unit`: where the rollout acts, and the only place that knows. A CPU learner acts with its own actor_mean
+  and a CUDA learner with a host copy of it (--host-actor, `host_copy` and `refresh`: a one-row step of a 64-unit MLP
+  costs less there than GPU launches), the normalizer on the host too, in numpy on views of the tensors (--numpy-act,
+  `numpy_units`); a CUDA learner with --no-host-actor acts with the compiled, graphed normalizer and policy units.
+- `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
+- `Normalizer`: the observation statistics are tensors updated in place where the rollout acts (compiled, one fused
+  step); the reward scaling of a whole rollout is done at once from cumulative sums (`Normalizer.rewards`).
+- `gae`: the deltas in torch, the recursion over numpy rows on the host.
+- `update`, `adam_step`: torch.func.grad and torch.optim's functional Adam, so that compiled, forward, backward,
+  clipping and the Adam step are one graph (loss.backward() and optimizer.step() would each break it).
+- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs),
+  as in LeanRL's file; lr is a tensor changed in place (no recompilation); once all has compiled the guards are
+  skipped.
+
+    python leanrl/ppo_continuous_action_seeds_torchcompile.py --compile --num-seeds 4               # CPU or GPU
+    python leanrl/ppo_continuous_action_seeds_torchcompile.py --compile --cudagraphs --num-seeds 64  # GPU
+"""
+
+import functools
+import math
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Optional
+
+import envpool
+import numpy as np
+import torch
+import torch.nn as nn
+from tensordict.nn import CudaGraphModule
+from torch.optim.adam import adam
+
+import plumbing
+
+SCRIPT = plumbing.script_name(__file__)
+
+
+@dataclass
+class Args:
+    exp_name: str = SCRIPT
+    """the name of this experiment, recorded with the flags (summary.json, wandb's config); the log dir is
+    --log-dir's, by default named after the script"""
+    seed: int = 1
+    """seed of the first member: member k is the run of seed + k"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """not supported with envpool (it renders no frames): refused with one line (the flag exists so that every
+    script takes the same flags)"""
+
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment (an envpool MuJoCo task with the Gymnasium interface)"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiments"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel game environments"""
+    num_steps: int = 2048
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of mini-batches"""
+    update_epochs: int = 10
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.0
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: Optional[float] = None
+    """the target KL divergence threshold"""
+
+    compile: bool = False
+    """if toggled, wrap the units in torch.compile: the observation normalizer, the policy step, `evaluate`, `get_value`
+    and `update` (a rollout acting on the host, a CPU learner's or --host-actor's, normalizes and acts in numpy, or
+    with the normalizer compiled and the policy eager instead: `acting_unit`); `gae` runs in numpy, with nothing to
+    compile"""
+    cudagraphs: bool = False
+    """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
+    host_actor: bool = True
+    """with a CUDA learner, act with a host copy of actor_mean (refreshed after each iteration's updates: ~20 KB) and
+    the normalizer on the host: a one-row 64-unit MLP step costs less there than GPU launches. CPU: no copy"""
+    numpy_act: bool = True
+    """if toggled, a rollout that acts on the CPU (a CPU learner's, or the --host-actor copy) normalizes the obs and
+    acts through numpy views of the normalizer's statistics and of actor_mean's weights: at one row a torch call is
+    all per-op dispatch"""
+    measure_burnin: int = 3
+    """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
+    log_dir: Optional[str] = None
+    """where metrics.jsonl, summary.json and agent.pt go (default: runs/<env_id>__<script>__<seed>__<time>)"""
+    save_model: bool = False
+    """if toggled, save the agent, optimizer and normalizer to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
+    resume: Optional[str] = None
+    """path of an agent.pt written by --save-model: continue that run (envpool cannot snapshot its simulators: the
+    episodes restart)"""
+    num_threads: int = 1
+    """torch intra-op threads (1 measures fastest for these 64-unit layers)"""
+    num_seeds: int = 4
+    """how many agents train side by side: member k is `ppo_continuous_action_torchcompile.py --seed <seed + k>`; the
+    steps, fps and budgets are each member's (the program steps num_seeds times as many)"""
+
+
+def check_args(args: Args) -> Optional[dict]:
+    """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    plumbing.positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_seeds")
+    if args.target_kl is not None:
+        plumbing.fail(
+            "--target-kl stops each member's epochs at its own time, and the members update together here: run "
+            "ppo_continuous_action_torchcompile.py once per seed for it"
+        )
+    plumbing.positive_finite(args, "learning_rate", "clip_coef", "max_grad_norm", "target_kl")
+    plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
+    plumbing.unit_interval(args, "gamma", "gae_lambda")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches:
+        plumbing.fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
+            f"(num_envs x num_steps); pick a divisor of {batch_size}"
+        )
+    if args.total_timesteps < batch_size:
+        plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
+    plumbing.check_env_id(args.env_id, "mujoco", "ppo")
+    # the rollout: float32 observations and actions, and four floats (log-prob, reward, done, value) per env step
+    plumbing.check_memory(
+        args, "mujoco", rollout=args.num_seeds * batch_size * (sum(plumbing.spaces(args.env_id)) + 4) * 4
+    )
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps", "num_seeds"), step=batch_size)
+
+
+def make_envs(args: Args, seed: int) -> list:
+    """Every member's envs as its run makes them, in envpool pools: envpool seeds env i of a pool with seed + i, so one
+    env per member is one pool of num_seeds envs (env k is member k's, seeded seed + k), stepped in one call; with
+    more envs per member the members' seeds overlap, and each member gets a pool of its own."""
+
+    def make(seed, num_envs):
+        return envpool.make(args.env_id, env_type="gymnasium", num_envs=num_envs, seed=seed)
+
+    if args.num_envs == 1:
+        return [make(seed, args.num_seeds)]
+    return [make(seed + k, args.num_envs) for k in range(args.num_seeds)]
+
+
+def env_step(envs, action: np.ndarray):
+    """One step with CleanRL's (gymnasium's SAME_STEP) auto-reset. envpool 1.2.5 resets an env on the step *after* its
+    episode ended (action ignored, reward 0): resetting at once keeps the dead step out of the batch (one call more).
+    Returns the obs, reward, termination, done and the last obs of the episodes that ended."""
+    obs, reward, terminated, truncated, _ = envs.step(action)
+    done = terminated | truncated
+    last = obs[done]
+    if done.any():
+        obs[done] = envs.reset(np.flatnonzero(done))[0]
+    return obs, reward, terminated, done, last
+
+
+def pools_step(pools: list, action: np.ndarray):
+    """`env_step` of every pool, each pool its share of the actions; the outputs in a row, member k's envs
+    k * num_envs ... (k + 1) * num_envs - 1."""
+    parts = [env_step(envs, a) for envs, a in zip(pools, np.split(action, len(pools)))]
+    return [np.concatenate(x) for x in zip(*parts)]
+
+
+class Normalizer:
+    """CleanRL's NormalizeObservation + clip and NormalizeReward + clip, as ppo_continuous_action.py's (gymnasium's
+    semantics: an episode's last obs enters the statistics, the discounted return restarts only at a termination) for
+    each member's envs at once (one set of statistics per member, fed its envs' values each step; the sets stacked,
+    member first). The statistics (mean, population variance, count; from gymnasium's 0, 1, 1e-4) are float64 tensors
+    where the rollout acts, updated in place so compiled code and CUDA graphs keep reading the same storage; the
+    discounted returns accumulate on the host."""
+
+    def __init__(
+        self, num_seeds: int, num_envs: int, obs_dim: int, gamma: float, device, clip: float = 10.0, eps: float = 1e-8
+    ):
+        f64 = dict(dtype=torch.float64, device=device)
+        self.obs_rms = SimpleNamespace(
+            mean=torch.zeros((num_seeds, obs_dim), **f64),
+            var=torch.ones((num_seeds, obs_dim), **f64),
+            count=torch.full((num_seeds, 1), 1e-4, **f64),
+        )
+        self.ret_rms = SimpleNamespace(
+            mean=torch.zeros((num_seeds,), **f64),
+            var=torch.ones((num_seeds,), **f64),
+            count=torch.full((num_seeds,), 1e-4, **f64),
+        )
+        self.ret = np.zeros(num_seeds * num_envs)  # each env's discounted return so far in its episode
+        self.gamma = gamma
+        self.clip = clip
+        self.eps = eps
+
+    def observe(self, obs, member: Optional[int] = None):
+        """Merge observations, (num_seeds, n, obs_dim), into each member's statistics (Chan et al.'s parallel update),
+        in place; or `member`'s rows, (n, obs_dim), into its own. Called alone (eager) for the last obs of ended
+        episodes, which the agent does not act on."""
+        s = self.obs_rms
+        mean, var, count = (
+            (s.mean, s.var, s.count) if member is None else (s.mean[member], s.var[member], s.count[member])
+        )
+        n = obs.shape[-2]
+        delta = obs.mean(-2) - mean
+        total = count + n
+        var.copy_((var * count + obs.var(-2, unbiased=False) * n + delta**2 * count * n / total) / total)
+        mean.add_(delta * n / total)
+        count.copy_(total)
+
+    def obs(self, obs):
+        """Merge the obs the agent is about to see, (num_seeds, num_envs, obs_dim), into the statistics; normalize
+        it."""
+        self.observe(obs)
+        s = self.obs_rms
+        x = (obs - s.mean.unsqueeze(1)) / (s.var.unsqueeze(1) + self.eps).sqrt()
+        return x.clamp(-self.clip, self.clip).float()
+
+    def discounted_return(self, reward: np.ndarray, terminated: np.ndarray) -> np.ndarray:
+        """One step of each env's discounted return (host, numpy), gymnasium's `return * gamma * (1 - terminated) +
+        reward`: its value after this step's reward."""
+        self.ret = self.ret * self.gamma * (1 - terminated) + reward
+        return self.ret.copy()
+
+    def rewards(self, rewards, returns):
+        """A rollout's rewards [steps, members, envs] scaled by the std of each member's discounted return, its
+        statistics merged with each step's returns in turn, at once: a union's count, sum and sum of squares are
+        cumulative sums (float64)."""
+        s = self.ret_rms
+        x = returns.double()
+        steps = torch.arange(1, x.shape[0] + 1, dtype=x.dtype, device=x.device).unsqueeze(1)
+        counts = s.count + x.shape[2] * steps
+        means = (s.count * s.mean + x.sum(2).cumsum(0)) / counts
+        var = (s.count * (s.var + s.mean**2) + (x**2).sum(2).cumsum(0)) / counts - means**2
+        s.mean.copy_(means[-1])
+        s.var.copy_(var[-1])
+        s.count.copy_(counts[-1])
+        return (rewards / (var + self.eps).sqrt().unsqueeze(2)).clamp(-self.clip, self.clip).float()
+
+    def to(self, device):
+        """The statistics moved to `device`, where the rollout acts: new tensors, so before a unit or a numpy view
+        (`numpy_units`) reads them; returns the normalizer."""
+        for stats in (self.obs_rms, self.ret_rms):
+            for k, v in vars(stats).items():
+                setattr(stats, k, v.to(device))
+        return self
+
+    def state_dict(self):
+        return {name: {k: v.cpu() for k, v in vars(getattr(self, name)).items()} for name in ("obs_rms", "ret_rms")}
+
+    def load_state_dict(self, state):
+        for name in ("obs_rms", "ret_rms"):
+            for k, v in vars(getattr(self, name)).items():
+                v.copy_(state[name][k])
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, n_obs: int, n_actions: int):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, n_actions), std=0.01),
+        )
+        self.actor_logstd = nn.Parameter(torch.zeros(1, n_actions))
+
+    def get_value(self, x):
+        return self.critic(x).squeeze(-1)
+
+    def rollout_noise(self, shape, rng: torch.Generator):
+        """A rollout's exploration noise, std * N(0, 1), in one call: the parameters are fixed during a rollout."""
+        return self.actor_logstd.exp() * torch.randn(shape, device=self.actor_logstd.device, generator=rng)
+
+    def forward(self, x, action):
+        """Log-prob and entropy of `action` under the diagonal Gaussian (Normal's formulas, no object); the value."""
+        mean = self.actor_mean(x)
+        logstd = self.actor_logstd.expand_as(mean)
+        logprob = (-0.5 * ((action - mean) / logstd.exp()) ** 2 - logstd - 0.5 * math.log(2 * math.pi)).sum(-1)
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + logstd).sum(-1)
+        return logprob, entropy, self.critic(x).squeeze(-1)
+
+
+def stack_members(args: Args, n_obs: int, n_actions: int, device) -> tuple:
+    """Member k's Agent as `ppo_continuous_action_torchcompile.py --seed <seed + k>` builds it (torch's generator
+    seeded, then the Agent), the members' parameters stacked along a leading dimension. Returns a parameter-less Agent
+    to call with them (torch.func.functional_call) and the stacked parameters, leaves that the optimizer steps."""
+    members = []
+    for k in range(args.num_seeds):
+        torch.manual_seed(args.seed + k)
+        members.append(Agent(n_obs, n_actions).to(device))
+    params, _ = torch.func.stack_module_state(members)
+    return members[0].to("meta"), params
+
+
+def part(params: dict, module: str) -> dict:
+    """The parameters of one submodule (`actor_mean`, `critic`), named as in it."""
+    return {name.removeprefix(module + "."): p for name, p in params.items() if name.startswith(module + ".")}
+
+
+def members_call(module: nn.Module, params: dict, *inputs, dim: int = 0):
+    """`module` run by every member with its own parameters on its own inputs, the members along `dim` of the inputs
+    and of the outputs (torch.func.vmap over functional_call): one call for all."""
+    call = functools.partial(torch.func.functional_call, module)
+    return torch.vmap(call, in_dims=(0, dim), out_dims=dim)(params, inputs)
+
+
+def rollout_noise(logstd, shape, rngs: list):
+    """Each member's rollout noise as its run draws it (`Agent.rollout_noise`), std * N(0, 1) from its own generator:
+    (num_steps, num_seeds, num_envs, n_actions)."""
+    return torch.stack([s.exp() * torch.randn(shape, device=s.device, generator=g) for s, g in zip(logstd, rngs)], 1)
+
+
+def act(actor_mean, params, x, noise):
+    """One rollout step of every member, a sample of Normal(mean, std), nothing else: log-probs and values come
+    afterwards. x: (num_seeds, num_envs, n_obs)."""
+    return members_call(actor_mean, params, x) + noise
+
+
+def numpy_units(actor_mean: dict, normalizer: Normalizer):
+    """`Normalizer.obs` and `act` on the CPU in numpy, from views of the normalizer's statistics (updated in place, as
+    the torch unit does) and of the members' stacked actor_mean weights: they share the tensors' memory, so every
+    update, refresh and resume is seen without a copy. Observations: every member's envs in a row."""
+    layers = [
+        (actor_mean[f"{name}.weight"].numpy(), actor_mean[f"{name}.bias"].numpy()[:, None])
+        for name in linear_names(actor_mean)
+    ]
+    mean = normalizer.obs_rms.mean.numpy()
+    var = normalizer.obs_rms.var.numpy()
+    count = normalizer.obs_rms.count.numpy()
+
+    def normalize(obs: np.ndarray) -> np.ndarray:
+        obs = obs.reshape(mean.shape[:1] + (-1,) + obs.shape[1:])  # (num_seeds, num_envs, n_obs)
+        n = obs.shape[1]
+        delta = obs.mean(1) - mean
+        total = count + n
+        var[:] = (var * count + obs.var(1) * n + delta**2 * count * n / total) / total
+        mean[:] = mean + delta * n / total
+        count[:] = total
+        x = (obs - mean[:, None]) / np.sqrt(var[:, None] + normalizer.eps)
+        return np.clip(x, -normalizer.clip, normalizer.clip).astype(np.float32)
+
+    def policy(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        x = obs
+        for w, b in layers[:-1]:
+            x = np.tanh(x @ w.transpose(0, 2, 1) + b)
+        w, b = layers[-1]
+        return (x @ w.transpose(0, 2, 1) + b + noise).reshape(-1, w.shape[1])
+
+    return normalize, policy
+
+
+def linear_names(params: dict) -> list:
+    """The Linear layers of an nn.Sequential's parameters, in order."""
+    return [name.removesuffix(".weight") for name in params if name.endswith(".weight")]
+
+
+def host_copy(params: dict, device: torch.device) -> dict:
+    """A copy of `params` on `device` to act with: storage of its own, no autograd; `refresh` keeps it current."""
+    return {name: p.detach().to(device, copy=True) for name, p in params.items()}
+
+
+def refresh(acting: dict, learner: dict):
+    """The learner's parameters into its acting copy, in one transfer, copied in place: views of the copy's weights
+    (`numpy_units`) stay valid."""
+    flat = nn.utils.parameters_to_vector(learner.values()).to(next(iter(acting.values())).device)
+    params = list(acting.values())
+    with torch.no_grad():
+        torch._foreach_copy_(params, [x.view_as(p) for x, p in zip(flat.split([p.numel() for p in params]), params)])
+
+
+def acting_unit(args, normalize, policy, normalizer, agent, inference: dict, device):
+    """The rollout's two steps as the rollout calls them: the normalizer's (the env's numpy obs in, the obs the policy
+    reads out) and the policy's (that obs and the step's row of the rollout's noise in, numpy actions out); with the
+    functions that put the rollout's noise where the policy reads it, that stack a rollout's obs into one tensor, and
+    that bring the acting weights up to date once per iteration. The CPU acting paths are here and nowhere else:
+    - a CUDA learner with --no-host-actor acts with `normalize` and `policy`, the compiled, graphed units;
+    - a CPU learner acts with its own actor_mean, and a CUDA learner with --host-actor with a host copy of it (~20 KB
+      refreshed per iteration), with the normalizer's statistics moved to the host: a one-row step of a 64-unit MLP
+      costs less there than GPU launches. Either normalizes and acts in numpy, on views of the statistics and weights
+      (--numpy-act: at one row a torch call is all per-op dispatch), or in torch: the normalizer compiled with
+      --compile (one fused step, ~80 -> ~40 us), the policy eager (compiled it is slower, ~90 vs ~45 us a step).
+    Here every member's: its own actor_mean and statistics, stacked."""
+    shape = (args.num_seeds, args.num_envs, -1)
+    if device.type == "cuda" and not args.host_actor:
+
+        def device_normalize(obs):
+            return normalize(torch.from_numpy(obs).to(device, non_blocking=True).view(shape))
+
+        def device_step(obs, noise):
+            return policy(obs, noise).flatten(0, 1).cpu().numpy()
+
+        return device_normalize, device_step, lambda noise: noise, torch.stack, lambda: None
+    host = device.type == "cuda"
+    actor = part(inference, "actor_mean")
+    if host:
+        actor = host_copy(actor, torch.device("cpu"))
+    refresh_actor = functools.partial(refresh, actor, part(inference, "actor_mean")) if host else lambda: None
+    normalizer.to(torch.device("cpu"))
+    if args.numpy_act:
+        numpy_normalize, numpy_policy = numpy_units(actor, normalizer)
+
+        def stack_numpy(obs):
+            return torch.from_numpy(np.stack(obs))
+
+        return numpy_normalize, numpy_policy, lambda noise: noise.cpu().numpy(), stack_numpy, refresh_actor
+    # compiled here, not in the block: there the normalizer's unit may be a CUDA graph
+    host_normalize = torch.compile(normalizer.obs) if args.compile else normalizer.obs
+
+    def torch_normalize(obs):
+        return host_normalize(torch.from_numpy(obs).view(shape))
+
+    def host_step(obs, noise):
+        return act(agent.actor_mean, actor, obs, noise).flatten(0, 1).numpy()
+
+    return torch_normalize, host_step, lambda noise: noise.cpu(), torch.stack, refresh_actor
+
+
+def rollout(pools, policy, normalize, stack_obs, normalizer, next_obs, next_done, buf, episodes, noise, action_bounds):
+    """num_steps steps of every env into `buf`, acting with `normalize` and `policy` (`acting_unit`'s steps) and
+    `noise` where `policy` reads it; returns the last obs (as `normalize` gives it) and done, and the time split.
+    Staged in numpy (obs in a list, stacked by `stack_obs`), each field reaches `buf` in one copy.
+    `buf`: (num_steps, num_seeds, num_envs, ...)."""
+    num_steps = buf["obs"].shape[0]
+    num_envs = buf["dones"].shape[2]
+    device = normalizer.obs_rms.mean.device  # where the rollout acts
+    dones = np.empty((num_steps,) + next_done.shape, np.float32)
+    rewards = np.empty((num_steps,) + next_done.shape, np.float32)
+    returns = np.empty((num_steps,) + next_done.shape)
+    actions = np.empty((num_steps,) + next_done.shape + buf["actions"].shape[-1:], np.float32)
+    obs = []
+    t_env = 0.0
+    t_policy = 0.0
+    for step in range(num_steps):
+        obs.append(next_obs)
+        dones[step] = next_done
+        t0 = time.perf_counter()
+        actions[step] = policy(next_obs, noise[step])
+        t1 = time.perf_counter()
+        raw_obs, reward, terminated, next_done, last = pools_step(pools, np.clip(actions[step], *action_bounds))
+        t2 = time.perf_counter()
+        if len(last):  # before the reset's obs, as gymnasium's NormalizeObservation sees them; each member its own
+            owners = np.flatnonzero(next_done) // num_envs
+            for k in np.unique(owners):
+                normalizer.observe(torch.from_numpy(last[owners == k]).to(device), k)
+        next_obs = normalize(raw_obs)
+        t_env += t2 - t1
+        t_policy += t1 - t0 + time.perf_counter() - t2
+        rewards[step] = reward
+        returns[step] = normalizer.discounted_return(reward, terminated)
+        episodes.record(reward, next_done)
+    buf["obs"].copy_(stack_obs(obs), non_blocking=True)
+    buf["actions"].copy_(torch.from_numpy(actions).view(buf["actions"].shape), non_blocking=True)
+    buf["dones"].copy_(torch.from_numpy(dones).view(buf["dones"].shape), non_blocking=True)
+    rewards, returns = (torch.from_numpy(x).to(device).view(buf["rewards"].shape) for x in (rewards, returns))
+    buf["rewards"].copy_(normalizer.rewards(rewards, returns))
+    return next_obs, next_done, t_env, t_policy
+
+
+def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda: float):
+    """CleanRL's GAE: deltas and discounts at once in torch, the recursion over numpy rows on the host (~2 us a step);
+    a loop of torch ops costs ~12k dispatches (~50 ms an iteration), and torch.compile takes minutes to unroll it."""
+    nextnonterminal = 1.0 - torch.cat([dones[1:], next_done.unsqueeze(0)])
+    nextvalues = torch.cat([values[1:], next_value.unsqueeze(0)])
+    deltas = (rewards + gamma * nextvalues * nextnonterminal - values).cpu().numpy()
+    discounts = (gamma * gae_lambda * nextnonterminal).cpu().numpy()
+    advantages = np.empty_like(deltas)
+    lastgaelam = np.zeros_like(deltas[0])
+    for t in range(deltas.shape[0] - 1, -1, -1):
+        advantages[t] = lastgaelam = deltas[t] + discounts[t] * lastgaelam
+    advantages = torch.from_numpy(advantages).to(values.device)
+    return advantages, advantages + values
+
+
+def ppo_loss(params, agent, args, obs, actions, logprobs, advantages, returns, values):
+    newlogprob, entropy, newvalue = torch.func.functional_call(agent, params, (obs, actions))
+    logratio = newlogprob - logprobs
+    ratio = logratio.exp()
+    approx_kl = ((ratio - 1) - logratio).mean()  # http://joschu.net/blog/kl-approx.html
+    clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss = torch.max(
+        -advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    ).mean()
+    if args.clip_vloss:
+        v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    return loss, torch.stack([approx_kl, clipfrac, pg_loss, v_loss, entropy_loss]).detach()
+
+
+def update(agent, params, optimizer, lr, args, obs, actions, logprobs, advantages, returns, values, inds):
+    """One minibatch step of every member, each on its own minibatch (`inds`: (num_seeds, minibatch_size); the data
+    member first). Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm] per member.
+    The base's step under torch.func.vmap: each member's gradient of its own loss, clipped by its own norm, then one
+    functional Adam step over the stacked parameters, which is each member's own step (Adam is elementwise)."""
+
+    def member_grad(p, obs, actions, logprobs, advantages, returns, values, inds):
+        batch = [x[inds] for x in (obs, actions, logprobs, advantages, returns, values)]
+        return torch.func.grad(ppo_loss, has_aux=True)(p, agent, args, *batch)
+
+    detached = {name: p.detach() for name, p in params.items()}
+    grads, stats = torch.vmap(member_grad)(detached, obs, actions, logprobs, advantages, returns, values, inds)
+    grads = [grads[name] for name in params]
+    grad_norm = clip_members(grads, args.max_grad_norm)
+    adam_step(optimizer, list(params.values()), grads, lr)
+    return torch.cat([stats, grad_norm.unsqueeze(1)], 1)
+
+
+def clip_members(grads: list, max_norm: float):
+    """clip_grad_norm_ of each member on its own (in place): its norm over its own slices of the stacked gradients,
+    per tensor then over the tensors, as torch's. Returns the members' norms before clipping."""
+    norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads])
+    total = torch.linalg.vector_norm(norms, dim=0)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.view((-1,) + (1,) * (g.dim() - 1)))
+    return total
+
+
+def make_optimizer(params: list, lr, capturable: bool):
+    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `adam_step` steps it.
+    `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
+    host and CUDA graphs can replay it."""
+    optimizer = torch.optim.Adam(params, lr=lr, eps=1e-5, capturable=capturable)
+    for p in params:
+        step = torch.zeros((), device=p.device if capturable else "cpu")
+        optimizer.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+    return optimizer
+
+
+def adam_step(optimizer, params: list, grads: list, lr):
+    """torch.optim.Adam's step in its functional form, on the optimizer's own state (see make_optimizer): with the
+    gradients from torch.func.grad, a compiled update is one graph. HalfCheetah runs 1.28x as fast as with LeanRL's
+    loss.backward() and optimizer.step() compiled (the sweep's budget, a 2-core CPU: doc/compile.md)."""
+    state = [optimizer.state[p] for p in params]
+    group = optimizer.param_groups[0]
+    with torch.no_grad():
+        adam(
+            params,
+            grads,
+            [s["exp_avg"] for s in state],
+            [s["exp_avg_sq"] for s in state],
+            [],
+            [s["step"] for s in state],
+            foreach=False,
+            capturable=group["capturable"],
+            amsgrad=False,
+            beta1=group["betas"][0],
+            beta2=group["betas"][1],
+            lr=lr,
+            weight_decay=0.0,
+            eps=group["eps"],
+            maximize=False,
+        )
+
+
+def main(args: Args):
+    ckpt = check_args(args)
+    args.batch_size = args.num_envs * args.num_steps
+    args.num_iterations = args.total_timesteps // args.batch_size
+
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.num_threads)
+    device = plumbing.pick_device(args)
+
+    # envpool cannot snapshot its simulators: a resumed run starts new episodes, from a seed of its own
+    pools = make_envs(args, args.seed + (ckpt["global_step"] if ckpt else 0))
+    envs = pools[0]
+    # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
+    # global generator after compiling a function, which would replay numbers the loop drew before the compile
+    seeds = [args.seed + k for k in range(args.num_seeds)]
+    rngs = [torch.Generator(device).manual_seed(seed) for seed in seeds]
+    n_obs = envs.observation_space.shape[0]
+    n_actions = envs.action_space.shape[0]
+    action_bounds = (envs.action_space.low, envs.action_space.high)
+    agent, params = stack_members(args, n_obs, n_actions, device)
+    inference = {name: p.detach() for name, p in params.items()}  # the learner's storage, without autograd
+    # acting_unit moves it to a host that acts
+    normalizer = Normalizer(args.num_seeds, args.num_envs, n_obs, args.gamma, device)
+    lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
+    optimizer = make_optimizer(list(params.values()), lr, capturable=device.type == "cuda")
+
+    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
+    normalize = normalizer.obs
+    policy = functools.partial(act, agent.actor_mean, part(inference, "actor_mean"))
+    evaluate = functools.partial(members_call, agent, inference, dim=1)  # the rollout: (num_steps, num_seeds, ...)
+    get_value = functools.partial(members_call, agent.critic, part(inference, "critic"))
+    update_minibatch = functools.partial(update, agent, params, optimizer, lr, args)
+    if args.compile:
+        # default options: on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
+        normalize = torch.compile(normalize)
+        policy = torch.compile(policy)
+        evaluate = torch.compile(evaluate)
+        get_value = torch.compile(get_value)
+        update_minibatch = torch.compile(update_minibatch)
+    if args.cudagraphs:
+        normalize = CudaGraphModule(normalize)
+        policy = CudaGraphModule(policy)
+        evaluate = CudaGraphModule(evaluate)
+        get_value = CudaGraphModule(get_value)
+        update_minibatch = CudaGraphModule(update_minibatch)
+    # a rollout acting on the host (a CPU learner's, or --host-actor's copy) takes the place of the acting units
+    normalize, policy, place_noise, stack_obs, refresh_actor = acting_unit(
+        args, normalize, policy, normalizer, agent, inference, device
+    )
+
+    shape = (args.num_steps, args.num_seeds, args.num_envs)
+    buf = dict(
+        obs=torch.zeros(shape + (n_obs,), device=device),
+        actions=torch.zeros(shape + (n_actions,), device=device),
+        **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")},
+    )
+    stats = torch.zeros(args.update_epochs * args.num_minibatches, args.num_seeds, 6, device=device)
+    episodes = plumbing.MemberEpisodes(args.num_seeds, args.num_envs)
+    global_step = 0
+    start_iteration = 1
+    if ckpt:
+        with torch.no_grad():
+            torch._foreach_copy_(list(params.values()), [ckpt["agent"][name] for name in params])
+        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
+        normalizer.load_state_dict(ckpt["normalizer"])
+        for g, state in zip(rngs, ckpt["rng"]):
+            g.set_state(state)
+        episodes.load(ckpt["episodes"], restart=True)  # the envs start new episodes
+        global_step = ckpt["global_step"]
+        start_iteration = ckpt["iteration"] + 1
+
+    run = plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step)
+    iteration = start_iteration - 1
+    with run:
+        next_obs = normalize(np.concatenate([envs.reset()[0] for envs in pools]))  # a compiled normalizer compiles here
+        next_done = np.zeros(args.num_seeds * args.num_envs, dtype=bool)
+        for iteration in range(start_iteration, args.num_iterations + 1):
+            t_iter = time.perf_counter()
+            if args.anneal_lr:
+                lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
+            refresh_actor()  # a host copy takes the last updates' (or the resumed checkpoint's) parameters
+            # each member's draw from its own generator; brought to where the policy acts in one transfer
+            noise_shape = (args.num_steps, args.num_envs, n_actions)
+            noise = place_noise(rollout_noise(inference["actor_logstd"], noise_shape, rngs))
+            next_obs, next_done, t_env, t_policy = rollout(
+                pools,
+                policy,
+                normalize,
+                stack_obs,
+                normalizer,
+                next_obs,
+                next_done,
+                buf,
+                episodes,
+                noise,
+                action_bounds,
+            )
+            global_step += args.batch_size
+            t_rollout = time.perf_counter() - t_iter
+
+            t0 = time.perf_counter()
+            last_obs = stack_obs([next_obs])[0].to(device)  # as the rollout's obs reach the buffer
+            last_done = torch.from_numpy(next_done).to(device).float().view(args.num_seeds, args.num_envs)
+            logprobs, _, values = evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
+            buf["logprobs"].copy_(logprobs)
+            buf["values"].copy_(values)
+            advantages, returns = gae(
+                get_value(last_obs).squeeze(-1),
+                last_done,
+                buf["rewards"],
+                buf["dones"],
+                buf["values"],
+                args.gamma,
+                args.gae_lambda,
+            )
+            t_gae = time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            # each member's batch as its own run flattens it, member first
+            batch = [
+                x.transpose(0, 1).flatten(1, 2)
+                for x in (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])
+            ]
+            n = 0
+            for _epoch in range(args.update_epochs):
+                perm = torch.stack(
+                    [
+                        torch.randperm(args.batch_size, device=device, generator=g).view(args.num_minibatches, -1)
+                        for g in rngs
+                    ]
+                )
+                for inds in perm.unbind(1):
+                    stats[n] = update_minibatch(*batch, inds)
+                    n += 1
+            t_update = time.perf_counter() - t0
+
+            losses = stats[:n].mean(0).tolist()  # the one host sync of the iteration: [member][loss]
+            names = ("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm")
+            members = [
+                dict(seed=seed, episodic_return=ret, **dict(zip(names, member)))
+                for seed, ret, member in zip(seeds, episodes.means(), losses)
+            ]
+            run.log(
+                global_step,
+                steady=iteration - start_iteration + 1 >= args.measure_burnin,
+                iteration=iteration,
+                episodic_return=episodes.mean(),
+                t_rollout=t_rollout,
+                t_env=t_env,
+                t_policy=t_policy,
+                t_gae=t_gae,
+                t_update=t_update,
+                lr=lr.item(),
+                **dict(zip(names, np.mean(losses, 0).tolist())),
+                members=members,
+            )
+            if args.compile and iteration == start_iteration:
+                # every unit has compiled and nothing its guards check can change any more: stop checking them
+                torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+                run.compiled()
+            if run.stopping:
+                break
+    torch.compiler.set_stance("default")
+    for envs in pools:
+        envs.close()
+    if args.save_model and run.consistent and iteration >= start_iteration:
+        plumbing.save_checkpoint(
+            f"{args.log_dir}/agent.pt",
+            SCRIPT,
+            args,
+            agent={name: p.detach() for name, p in params.items()},
+            optimizer=optimizer.state_dict(),
+            normalizer=normalizer.state_dict(),
+            iteration=iteration,
+            global_step=global_step,
+            rng=[g.get_state() for g in rngs],
+            episodes=episodes.state(),
+        )
+    run.finish(
+        global_step,
+        episodes.mean(),
+        run.compile_time() if args.compile else None,
+        num_seeds=args.num_seeds,
+        fps_all_seeds=run.fps * args.num_seeds if run.fps else None,
+        members=[dict(seed=seed, final_return=ret) for seed, ret in zip(seeds, episodes.means())],
+    )
+
+
+if __name__ == "__main__":
+    main(plumbing.parse_args(Args))
