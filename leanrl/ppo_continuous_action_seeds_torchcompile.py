@@ -363,8 +363,9 @@ def rollout_noise(logstd, shape, rngs: list):
 
 def act(actor_mean, params, x, noise):
     """One rollout step of every member, a sample of Normal(mean, std), nothing else: log-probs and values come
-    afterwards. x: (num_seeds, num_envs, n_obs)."""
-    return members_call(actor_mean, params, x) + noise
+    afterwards. x: (num_seeds, num_envs, n_obs); the actions: every member's envs in a row, as the rollout stores
+    them."""
+    return (members_call(actor_mean, params, x) + noise).flatten(0, 1)
 
 
 def numpy_units(actor_mean: dict, normalizer: Normalizer):
@@ -438,7 +439,7 @@ def acting_unit(args, normalize, policy, normalizer, agent, inference: dict, dev
             return normalize(torch.from_numpy(obs).to(device, non_blocking=True).view(shape))
 
         def device_step(obs, noise):
-            return policy(obs, noise).flatten(0, 1).cpu().numpy()
+            return policy(obs, noise).cpu().numpy()
 
         return device_normalize, device_step, lambda noise: noise, torch.stack, lambda: None
     host = device.type == "cuda"
@@ -461,7 +462,7 @@ def acting_unit(args, normalize, policy, normalizer, agent, inference: dict, dev
         return host_normalize(torch.from_numpy(obs).view(shape))
 
     def host_step(obs, noise):
-        return act(agent.actor_mean, actor, obs, noise).flatten(0, 1).numpy()
+        return act(agent.actor_mean, actor, obs, noise).numpy()
 
     return torch_normalize, host_step, lambda noise: noise.cpu(), torch.stack, refresh_actor
 

@@ -268,8 +268,8 @@ def members_call(module: nn.Module, params: dict, *inputs, dim: int = 0):
 def act(actor, params, x, gumbel):
     """One rollout step of every member: argmax(logits + Gumbel noise), exact Categorical sampling. Acting needs
     nothing else: the rollout's log-probabilities and values come from one batched forward afterwards (same numbers).
-    x: (num_seeds, num_envs, n_obs)."""
-    return (members_call(actor, params, x) + gumbel).argmax(-1)
+    x: (num_seeds, num_envs, n_obs); the actions: every member's envs in a row, as the rollout stores them."""
+    return (members_call(actor, params, x) + gumbel).argmax(-1).flatten()
 
 
 def numpy_policy(actor: dict):
@@ -328,7 +328,7 @@ def acting_unit(args, policy, agent, inference: dict, device):
         return numpy_policy(actor), lambda noise: noise.cpu().numpy(), refresh_actor
 
     def host_step(obs, noise):
-        return act(agent.actor, actor, torch.from_numpy(obs).view(shape), noise).numpy().reshape(-1)
+        return act(agent.actor, actor, torch.from_numpy(obs).view(shape), noise).numpy()
 
     return host_step, lambda noise: noise.cpu(), refresh_actor
 

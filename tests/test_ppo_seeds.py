@@ -158,3 +158,21 @@ def test_halfcheetah_members_act_alike_in_torch_and_in_numpy():
         np.testing.assert_allclose(obs_torch, obs_np, rtol=1e-6, atol=1e-6)
         assert act_torch.shape == act_np.shape == (args.num_seeds * args.num_envs, 6)
         np.testing.assert_allclose(act_torch, act_np, rtol=1e-5, atol=1e-6)
+
+
+def test_the_torch_acting_unit_gives_one_action_per_env_in_a_row_as_numpy_does():
+    """The rollout stores a step's actions as one row of every member's envs, member after member. `act` is the unit
+    that --compile/--cudagraphs wrap and a CUDA learner acts with (--no-host-actor), so it must return that row itself,
+    as the numpy step does (a (num_seeds, num_envs) block cannot be stored there)."""
+    module = load_script("ppo_seeds_torchcompile")
+    args = module.Args(num_seeds=3, num_envs=4, seed=5)
+    agent, params = module.stack_members(args, 4, 2, torch.device("cpu"))
+    actor = {name: p.detach() for name, p in module.part(params, "actor").items()}
+    obs = np.random.default_rng(0).normal(size=(args.num_seeds * args.num_envs, 4)).astype(np.float32)
+    gumbel = (
+        -torch.empty(args.num_seeds, args.num_envs, 2).exponential_(generator=torch.Generator().manual_seed(1)).log()
+    )
+    expected = module.numpy_policy(actor)(obs, gumbel.numpy())
+    actions = module.act(agent.actor, actor, torch.from_numpy(obs).view(args.num_seeds, args.num_envs, -1), gumbel)
+    assert expected.shape == (args.num_seeds * args.num_envs,)
+    np.testing.assert_array_equal(actions.numpy(), expected)
