@@ -76,11 +76,21 @@ def flag(name: str) -> str:
 
 
 def require(args, ok, what: str, *names: str):
-    """Each field in `names` must pass `ok`, else the run ends with "--name must be <what>, got <value>"."""
+    """Each field in `names` (each value of a tuple field) must pass `ok`, else the run ends with "--name must be
+    <what>, got <value>"."""
     for name in names:
         value = getattr(args, name)
-        if value is not None and not ok(value):
-            fail(f"{flag(name)} must be {what}, got {value}")
+        for v in value if isinstance(value, tuple) else (value,):
+            if v is not None and not ok(v):
+                fail(f"{flag(name)} must be {what}, got {v}")
+
+
+def one_per_member(args, *names: str):
+    """The seeds scripts' per-member flags: empty (the single flag's value for every member) or one value per member."""
+    for name in names:
+        values = getattr(args, name)
+        if values and len(values) != args.num_seeds:
+            fail(f"{flag(name)} takes one value per member: {len(values)} given for --num-seeds {args.num_seeds}")
 
 
 def positive(args, *names: str):

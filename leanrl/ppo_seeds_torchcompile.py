@@ -34,7 +34,7 @@ The algorithm, network and defaults of ppo.py (CleanRL's). The base's tricks, ea
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import gymnasium as gym
@@ -42,7 +42,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 from tensordict.nn import CudaGraphModule
-from torch.optim.adam import adam
 
 import plumbing
 
@@ -127,6 +126,13 @@ class Args:
     """path of an agent.pt written by --save-model: continue that run from where it stopped"""
     num_threads: int = 1
     """torch intra-op threads (1 measures fastest for these 64-unit layers)"""
+    learning_rates: tuple[float, ...] = ()
+    """one learning rate per member (as many as --num-seeds), a sweep in one program: member k is the run of
+    --learning-rate <its value>; empty: --learning-rate for every member"""
+    ent_coefs: tuple[float, ...] = ()
+    """one entropy coefficient per member (as many as --num-seeds); empty: --ent-coef for every member"""
+    clip_coefs: tuple[float, ...] = ()
+    """one surrogate clipping coefficient per member (as many as --num-seeds); empty: --clip-coef for every member"""
     num_seeds: int = 4
     """how many agents train side by side: member k is `ppo_torchcompile.py --seed <seed + k>`; the steps, fps and
     budgets are each member's (the program steps num_seeds times as many)"""
@@ -140,8 +146,9 @@ def check_args(args: Args) -> Optional[dict]:
             "--target-kl stops each member's epochs at its own time, and the members update together here: run "
             "ppo_torchcompile.py once per seed for it"
         )
-    plumbing.positive_finite(args, "learning_rate", "clip_coef", "max_grad_norm", "target_kl")
-    plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
+    plumbing.positive_finite(args, "learning_rate", "learning_rates", "clip_coef", "clip_coefs", "max_grad_norm")
+    plumbing.non_negative_finite(args, "ent_coef", "ent_coefs", "vf_coef")
+    plumbing.one_per_member(args, "learning_rates", "ent_coefs", "clip_coefs")
     plumbing.unit_interval(args, "gamma", "gae_lambda")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
@@ -404,18 +411,20 @@ def ppo_loss(params, agent, args, obs, actions, logprobs, advantages, returns, v
     return loss, torch.stack([approx_kl, clipfrac, pg_loss, v_loss, entropy_loss]).detach()
 
 
-def update(agent, params, optimizer, lr, args, obs, actions, logprobs, advantages, returns, values, inds):
+def update(agent, params, optimizer, lr, coefs, args, obs, actions, logprobs, advantages, returns, values, inds):
     """One minibatch step of every member, each on its own minibatch (`inds`: (num_seeds, minibatch_size); the data
-    member first). Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm] per member.
+    member first) with its own clip and entropy coefficients (`coefs`: (num_seeds, 2)) and learning rate (`lr`:
+    (num_seeds,)). Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm] per member.
     The base's step under torch.func.vmap: each member's gradient of its own loss, clipped by its own norm, then one
-    functional Adam step over the stacked parameters, which is each member's own step (Adam is elementwise)."""
+    Adam step over the stacked parameters, which is each member's own step (Adam is elementwise)."""
 
-    def member_grad(p, obs, actions, logprobs, advantages, returns, values, inds):
+    def member_grad(p, coef, obs, actions, logprobs, advantages, returns, values, inds):
         batch = [x[inds] for x in (obs, actions, logprobs, advantages, returns, values)]
-        return torch.func.grad(ppo_loss, has_aux=True)(p, agent, args, *batch)
+        member_args = replace(args, clip_coef=coef[0], ent_coef=coef[1])
+        return torch.func.grad(ppo_loss, has_aux=True)(p, agent, member_args, *batch)
 
     detached = {name: p.detach() for name, p in params.items()}
-    grads, stats = torch.vmap(member_grad)(detached, obs, actions, logprobs, advantages, returns, values, inds)
+    grads, stats = torch.vmap(member_grad)(detached, coefs, obs, actions, logprobs, advantages, returns, values, inds)
     grads = [grads[name] for name in params]
     grad_norm = clip_members(grads, args.max_grad_norm)
     adam_step(optimizer, list(params.values()), grads, lr)
@@ -436,8 +445,10 @@ def clip_members(grads: list, max_norm: float):
 def make_optimizer(params: list, lr, capturable: bool):
     """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `adam_step` steps it.
     `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
-    host and CUDA graphs can replay it."""
-    optimizer = torch.optim.Adam(params, lr=lr, eps=1e-5, capturable=capturable)
+    host and CUDA graphs can replay it. `lr`: one per member, set in the param group after the constructor (which takes
+    one lr), the tensor the loop anneals in place and `adam_step` steps with."""
+    optimizer = torch.optim.Adam(params, eps=1e-5, capturable=capturable)
+    optimizer.param_groups[0]["lr"] = lr
     for p in params:
         step = torch.zeros((), device=p.device if capturable else "cpu")
         optimizer.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
@@ -445,29 +456,21 @@ def make_optimizer(params: list, lr, capturable: bool):
 
 
 def adam_step(optimizer, params: list, grads: list, lr):
-    """torch.optim.Adam's step in its functional form, on the optimizer's own state (see make_optimizer): with the
-    gradients from torch.func.grad, a compiled update is one graph. CartPole runs 1.48x as fast as with LeanRL's
-    loss.backward() and optimizer.step() compiled (the sweep's budget, a 2-core CPU: doc/compile.md)."""
-    state = [optimizer.state[p] for p in params]
+    """torch.optim.Adam's step (the formulas of its single-tensor path) on the optimizer's own state (see
+    make_optimizer), each member with its own learning rate: `lr` (num_seeds,) scales each member's slice. torch.optim's
+    functional adam takes one lr for all (a tensor of them only on CUDA, capturable). With the gradients from
+    torch.func.grad, a compiled update is one graph."""
     group = optimizer.param_groups[0]
+    beta1, beta2 = group["betas"]
     with torch.no_grad():
-        adam(
-            params,
-            grads,
-            [s["exp_avg"] for s in state],
-            [s["exp_avg_sq"] for s in state],
-            [],
-            [s["step"] for s in state],
-            foreach=False,
-            capturable=group["capturable"],
-            amsgrad=False,
-            beta1=group["betas"][0],
-            beta2=group["betas"][1],
-            lr=lr,
-            weight_decay=0.0,
-            eps=group["eps"],
-            maximize=False,
-        )
+        for p, grad in zip(params, grads):
+            state = optimizer.state[p]
+            step = state["step"].add_(1)
+            state["exp_avg"].lerp_(grad, 1 - beta1)
+            state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            step_size = lr.view((-1,) + (1,) * (p.dim() - 1)) / (1 - beta1**step)
+            denom = (state["exp_avg_sq"].sqrt() / (1 - beta2**step).sqrt()).add_(group["eps"])
+            p.sub_(step_size * state["exp_avg"] / denom)
 
 
 def main(args: Args):
@@ -490,14 +493,18 @@ def main(args: Args):
     n_actions = envs.single_action_space.n
     agent, params = stack_members(args, n_obs, n_actions, device)
     inference = {name: p.detach() for name, p in params.items()}  # the learner's storage, without autograd
-    lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
+    # each member's learning rate, clip and entropy coefficients: a sweep in one program (by default one value for all)
+    member_lrs = list(args.learning_rates or (args.learning_rate,) * args.num_seeds)
+    lr = torch.tensor(member_lrs, device=device)  # changed in place: compiled code is not re-traced
+    clip_coefs = args.clip_coefs or (args.clip_coef,) * args.num_seeds
+    coefs = torch.tensor(list(zip(clip_coefs, args.ent_coefs or (args.ent_coef,) * args.num_seeds)), device=device)
     optimizer = make_optimizer(list(params.values()), lr, capturable=device.type == "cuda")
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
     policy = functools.partial(act, agent.actor, part(inference, "actor"))
     evaluate = functools.partial(members_call, agent, inference, dim=1)  # the rollout: (num_steps, num_seeds, ...)
     get_value = functools.partial(members_call, agent.critic, part(inference, "critic"))
-    update_minibatch = functools.partial(update, agent, params, optimizer, lr, args)
+    update_minibatch = functools.partial(update, agent, params, optimizer, lr, coefs, args)
     if args.compile:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python on
         # a CPU (the base's max_autotune fails to compile the members' batched GEMMs in torch 2.13's inductor)
@@ -546,7 +553,8 @@ def main(args: Args):
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             if args.anneal_lr:
-                lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                lr.copy_(torch.tensor([frac * x for x in member_lrs]))
             refresh_actor()  # a host copy takes the last updates' (or the resumed checkpoint's) parameters
             next_obs, next_done, t_env, t_policy = rollout(
                 envs, policy, place_noise, next_obs, next_done, buf, episodes, n_actions, rngs
@@ -592,9 +600,10 @@ def main(args: Args):
 
             losses = stats[:n].mean(0).tolist()  # the one host sync of the iteration: [member][loss]
             names = ("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm")
+            lrs = lr.tolist()
             members = [
-                dict(seed=seed, episodic_return=ret, **dict(zip(names, member)))
-                for seed, ret, member in zip(seeds, episodes.means(), losses)
+                dict(seed=seed, episodic_return=ret, lr=member_lr, **dict(zip(names, member)))
+                for seed, ret, member_lr, member in zip(seeds, episodes.means(), lrs, losses)
             ]
             run.log(
                 global_step,
@@ -606,7 +615,7 @@ def main(args: Args):
                 t_policy=t_policy,
                 t_gae=t_gae,
                 t_update=t_update,
-                lr=lr.item(),
+                lr=float(np.mean(lrs)),
                 **dict(zip(names, np.mean(losses, 0).tolist())),
                 members=members,
             )

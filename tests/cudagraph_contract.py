@@ -254,7 +254,9 @@ def eager_backend():
 
 
 def report(log_dir: str):
-    finals = [float(group["lr"]) for optimizer in OPTIMIZERS for group in optimizer.param_groups if "lr" in group]
+    # a seeds script's optimizer holds one lr per member
+    lrs = [torch.as_tensor(g["lr"]).reshape(-1).tolist() for optimizer in OPTIMIZERS for g in optimizer.param_groups]
+    finals = [float(lr) for group in lrs for lr in group]
     units = [
         dict(name=u.name, calls=u.calls, signature=u.captured, violations=u.violations, idiom_breaks=u.idiom_breaks)
         for u in UNITS

@@ -76,6 +76,12 @@ def cases(module) -> list:
             out += [(flag, [flag, v], f"{v!r}: wrong type") for v in ("x", "") + (("1.5",) if kind is int else ())]
         elif isinstance(kind, tuple):
             out.append((flag, [flag, "nosuch"], "not a choice"))
+        elif typing.get_origin(kind) is tuple:  # one value per member (the seeds scripts): the single flag's range
+            item = typing.get_args(kind)[0]
+            members = module.Args.num_seeds  # as many values as members, so that only the value is wrong
+            for v in out_of_range(f.name.removesuffix("s"), item) + ["x"]:
+                out.append((flag, [flag, *[v] * members], f"{v} for every member"))
+            out.append((flag, ["--num-seeds", "2", flag, "0.5"], "one value for two members"))
         elif f.name == "env_id":
             out.append((flag, [flag, "NoSuchEnv-v9"], "unknown env"))
         elif f.name == "log_dir":

@@ -72,6 +72,8 @@ def assert_contract_holds(found: dict, log_dir):
     flags = json.loads((log_dir / "summary.json").read_text())["flags"]
     given = [v for k, v in flags.items() if k.endswith("lr") or k == "learning_rate"]
     logged = [rows[-1]["lr"]] if "lr" in rows[-1] else given
+    if "members" in rows[-1]:  # a seeds run: each member's own lr
+        logged = [member["lr"] for member in rows[-1]["members"]]
     for lr in found["optimizer_lr"]:
         if not any(math.isclose(lr, x, rel_tol=1e-6) for x in logged):
             problems.append(f"an optimizer steps with lr {lr}, the run's is {logged}")
