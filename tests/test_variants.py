@@ -26,6 +26,7 @@ PAIRS = [
     (ATARI, "ppo_atari_envpool_pruned_torchcompile"),
     (ATARI, "ppo_atari_envpool_ddp_torchcompile"),
     (ATARI, "ppo_atari_envpool_compile_async_torchcompile"),
+    (ATARI, "ppo_atari_envpool_seeds_torchcompile"),
 ]
 # lines of the base a variant's diff may remove: the trick replaces a few; DDP rewires the loop for its ranks; seeds
 # rewrites every unit that held one agent's parameters (acting, rollout, update, the optimizer) for the stacked ones,

@@ -1,0 +1,85 @@
+"""ppo_atari_envpool_seeds_torchcompile.py: N Breakout agents in one program, each the run
+`ppo_atari_envpool_torchcompile.py --seed s`.
+
+The reference is the base script itself, run once per seed: a member must log what that run logs (its games exactly,
+as the same actions are taken in emulators seeded alike; its losses within float tolerance, as the members' batched
+convolutions, GEMMs and per-member norms sum in another order)."""
+
+import pytest
+import torch
+
+from conftest import assert_rejected, load_script, read_metrics, read_summary, run_script
+
+# 4 iterations of 2 envs x 64 steps, one epoch of 2 minibatches: a few seconds a run on one thread
+BUDGET = ("--total-timesteps", "512", "--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2")
+BUDGET += ("--update-epochs", "1", "--num-threads", "1")
+LOSSES = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
+
+
+def assert_member_is_its_run(member_rows: list, run_rows: list, seed: int):
+    assert len(member_rows) == len(run_rows) > 1
+    assert any(row["episodic_return"] is not None for row in run_rows), "no game ended: the budget compares no score"
+    for member, single in zip(member_rows, run_rows):
+        assert member["seed"] == seed
+        it = single["iteration"]
+        assert member["episodic_return"] == single["episodic_return"], (seed, it)
+        assert member["episodic_length"] == single["episodic_length"], (seed, it)
+        for key in LOSSES:
+            # pg_loss and approx_kl are differences of near-equal terms: an absolute floor for their rounding
+            assert member[key] == pytest.approx(single[key], rel=1e-4, abs=2e-7), (seed, it, key)
+
+
+@pytest.mark.parametrize(
+    "num_seeds,flags",
+    [(1, ()), (2, ()), (2, ("--split-envs", "--num-envs", "3", "--total-timesteps", "768"))],
+    ids=["1-member", "2-members", "2-members-split-envs"],
+)
+def test_a_member_is_its_single_seed_run(tmp_path, num_seeds, flags):
+    """Member k of an N-member run, first seed 7, logs what `ppo_atari_envpool_torchcompile.py --seed 7+k` logs,
+    iteration by iteration: the same games and the same losses. A member that shared another's generator, env seeds,
+    gradient norm or Adam state would drift from its run within an iteration."""
+    seeds_dir = tmp_path / "seeds"
+    script = "ppo_atari_envpool_seeds_torchcompile.py"
+    run_script(script, *BUDGET, *flags, "--seed", "7", "--num-seeds", str(num_seeds), log_dir=seeds_dir)
+    rows = read_metrics(seeds_dir)
+    summary = read_summary(seeds_dir)
+    assert summary["num_seeds"] == num_seeds
+    assert [m["seed"] for m in summary["members"]] == list(range(7, 7 + num_seeds))
+    for k in range(num_seeds):
+        single_dir = tmp_path / f"seed{7 + k}"
+        run_script("ppo_atari_envpool_torchcompile.py", *BUDGET, *flags, "--seed", str(7 + k), log_dir=single_dir)
+        single = read_metrics(single_dir)
+        assert_member_is_its_run([row["members"][k] for row in rows], single, 7 + k)
+        assert summary["members"][k]["final_return"] == read_summary(single_dir)["final_return"]
+
+
+def test_members_clip_their_own_gradients():
+    """clip_members is torch's clip_grad_norm_ for each member alone: a member with a huge gradient is clipped hard and
+    leaves the others' gradients and norms as their own clip_grad_norm_ leaves them."""
+    module = load_script("ppo_atari_envpool_seeds_torchcompile")
+    torch.manual_seed(0)
+    grads = [torch.randn(3, 8, 4, 2, 2), torch.randn(3, 8)]
+    grads[0][1] *= 1000.0
+    expected_grads, expected_norms = [], []
+    for k in range(3):
+        member = [torch.nn.Parameter(torch.zeros_like(g[k])) for g in grads]
+        for p, g in zip(member, grads):
+            p.grad = g[k].clone()
+        expected_norms.append(torch.nn.utils.clip_grad_norm_(member, 0.5))
+        expected_grads.append([p.grad for p in member])
+    norms = module.clip_members(grads, 0.5)
+    torch.testing.assert_close(norms, torch.stack(expected_norms))
+    for k in range(3):
+        for g, expected in zip(grads, expected_grads[k]):
+            torch.testing.assert_close(g[k], expected)
+
+
+def test_target_kl_is_refused_in_one_line(tmp_path):
+    """--target-kl stops a run's epochs at its own time; members that update together cannot: refused before any
+    work, with the way to get it."""
+    assert_rejected(
+        "ppo_atari_envpool_seeds_torchcompile.py",
+        ["--target-kl", "0.01"],
+        ["--target-kl", "ppo_atari_envpool_torchcompile.py"],
+        tmp_path,
+    )
