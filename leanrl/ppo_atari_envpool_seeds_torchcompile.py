@@ -36,7 +36,7 @@ holds it (doc/atari.md measures each):
 import functools
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import envpool
@@ -132,6 +132,13 @@ class Args:
     pool; the policy acts on half batches). Default: on where CUDA is available (the emulators wait on the GPU policy
     there), off on a CPU, where it pays only with a core the policy leaves free (2 cores: the rollout 2-10% faster with
     --num-threads 1, ~20% slower with the default 2; doc/atari.md)"""
+    learning_rates: tuple[float, ...] = ()
+    """one learning rate per member (as many as --num-seeds), a sweep in one program: member k is the run of
+    --learning-rate <its value>; empty: --learning-rate for every member"""
+    ent_coefs: tuple[float, ...] = ()
+    """one entropy coefficient per member (as many as --num-seeds); empty: --ent-coef for every member"""
+    clip_coefs: tuple[float, ...] = ()
+    """one surrogate clipping coefficient per member (as many as --num-seeds); empty: --clip-coef for every member"""
     num_seeds: int = 4
     """how many agents train side by side: member k is `ppo_atari_envpool_torchcompile.py --seed <seed + k>`; the
     steps, fps and budgets are each member's (the program steps num_seeds times as many)"""
@@ -145,8 +152,9 @@ def check_args(args: Args) -> Optional[dict]:
             "--target-kl stops each member's epochs at its own time, and the members update together here: run "
             "ppo_atari_envpool_torchcompile.py once per seed for it"
         )
-    plumbing.positive_finite(args, "learning_rate", "clip_coef", "max_grad_norm", "target_kl")
-    plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
+    plumbing.positive_finite(args, "learning_rate", "learning_rates", "clip_coef", "clip_coefs", "max_grad_norm")
+    plumbing.non_negative_finite(args, "ent_coef", "ent_coefs", "vf_coef")
+    plumbing.one_per_member(args, "learning_rates", "ent_coefs", "clip_coefs")
     plumbing.unit_interval(args, "gamma", "gae_lambda")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
@@ -415,21 +423,24 @@ def ppo_loss(params: dict, agent: Agent, args: Args, obs, actions, logprobs, adv
     return loss, torch.stack([approx_kl, clipfrac, pg_loss.detach(), v_loss.detach(), entropy_loss.detach()])
 
 
-def update(agent: Agent, params: dict, optimizer, args: Args, obs, actions, logprobs, advantages, returns, values):
-    """One minibatch of every member, each on its own (the inputs member first): each member's gradient of its own
+def update(
+    agent: Agent, params: dict, optimizer, lr, coefs, args: Args, obs, actions, logprobs, advantages, returns, values
+):
+    """One minibatch of every member, each on its own (the inputs member first) with its own clip and entropy
+    coefficients (`coefs`: (num_seeds, 2)) and learning rate (`lr`: (num_seeds,)): each member's gradient of its own
     loss (torch.func.grad under torch.func.vmap), clipped by its own norm, then one Adam step over the stacked
     parameters, which is each member's own step (Adam is elementwise). Returns the statistics [members, stats] as
     tensors: reading them here would make the host wait for every minibatch."""
 
-    def member_grad(p, *batch):
-        return torch.func.grad(ppo_loss, has_aux=True)(p, agent, args, *batch)
+    def member_grad(p, coef, *batch):
+        member_args = replace(args, clip_coef=coef[0], ent_coef=coef[1])
+        return torch.func.grad(ppo_loss, has_aux=True)(p, agent, member_args, *batch)
 
     detached = {name: p.detach() for name, p in params.items()}
-    grads, stats = torch.vmap(member_grad)(detached, obs, actions, logprobs, advantages, returns, values)
-    for name, p in params.items():
-        p.grad = grads[name]
-    clip_members([p.grad for p in params.values()], args.max_grad_norm)
-    optimizer.step()
+    grads, stats = torch.vmap(member_grad)(detached, coefs, obs, actions, logprobs, advantages, returns, values)
+    grads = [grads[name] for name in params]
+    clip_members(grads, args.max_grad_norm)
+    adam_step(optimizer, list(params.values()), grads, lr)
     return stats
 
 
@@ -442,6 +453,37 @@ def clip_members(grads: list, max_norm: float):
     for g in grads:
         g.mul_(coef.view((-1,) + (1,) * (g.dim() - 1)))
     return total
+
+
+def make_optimizer(params: list, lr, capturable: bool):
+    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `adam_step` steps it.
+    `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
+    host and CUDA graphs can replay it. `lr`: one per member, set in the param group after the constructor (which takes
+    one lr), the tensor the loop anneals in place and `adam_step` steps with."""
+    optimizer = torch.optim.Adam(params, eps=1e-5, capturable=capturable)
+    optimizer.param_groups[0]["lr"] = lr
+    for p in params:
+        step = torch.zeros((), device=p.device if capturable else "cpu")
+        optimizer.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+    return optimizer
+
+
+def adam_step(optimizer, params: list, grads: list, lr):
+    """torch.optim.Adam's step (the formulas of its single-tensor path) on the optimizer's own state (see
+    make_optimizer), each member with its own learning rate: `lr` (num_seeds,) scales each member's slice. torch.optim's
+    functional adam takes one lr for all (a tensor of them only on CUDA, capturable). With the gradients from
+    torch.func.grad, a compiled update is one graph."""
+    group = optimizer.param_groups[0]
+    beta1, beta2 = group["betas"]
+    with torch.no_grad():
+        for p, grad in zip(params, grads):
+            state = optimizer.state[p]
+            step = state["step"].add_(1)
+            state["exp_avg"].lerp_(grad, 1 - beta1)
+            state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            step_size = lr.view((-1,) + (1,) * (p.dim() - 1)) / (1 - beta1**step)
+            denom = (state["exp_avg_sq"].sqrt() / (1 - beta2**step).sqrt()).add_(group["eps"])
+            p.sub_(step_size * state["exp_avg"] / denom)
 
 
 STAT_NAMES = ("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
@@ -471,14 +513,18 @@ def main(args: Args):
     rngs = [torch.Generator(device).manual_seed(seed) for seed in seeds]
     agent, params = stack_members(args, n_actions, use_bf16, device)
     inference = {name: p.detach() for name, p in params.items()}  # the learner's storage, without autograd
-    lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
-    optimizer = torch.optim.Adam(params.values(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
+    # each member's learning rate, clip and entropy coefficients: a sweep in one program (by default one value for all)
+    member_lrs = list(args.learning_rates or (args.learning_rate,) * args.num_seeds)
+    lr = torch.tensor(member_lrs, device=device)  # changed in place: compiled code is not re-traced
+    clip_coefs = args.clip_coefs or (args.clip_coef,) * args.num_seeds
+    coefs = torch.tensor(list(zip(clip_coefs, args.ent_coefs or (args.ent_coef,) * args.num_seeds)), device=device)
+    optimizer = make_optimizer(list(params.values()), lr, capturable=device.type == "cuda")
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
     # One acting unit per env pool: with an odd --num-envs the pools differ in size, and a CUDA graph has one shape.
     acts = [functools.partial(policy, agent, inference) for _ in pools]
     compute_gae = functools.partial(gae, agent, inference, gamma=args.gamma, gae_lambda=args.gae_lambda)
-    update_minibatch = functools.partial(update, agent, params, optimizer, args)
+    update_minibatch = functools.partial(update, agent, params, optimizer, lr, coefs, args)
     if args.compile:
         acts = [torch.compile(act) for act in acts]
         compute_gae = torch.compile(compute_gae)
@@ -521,7 +567,8 @@ def main(args: Args):
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             if args.anneal_lr:
-                lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                lr.copy_(torch.tensor([frac * x for x in member_lrs]))
 
             # each member's draw from its own generator, as its own run draws it
             noise = (args.num_steps, args.num_envs, n_actions)
@@ -551,9 +598,14 @@ def main(args: Args):
                         ).clone()
                     )
             losses = torch.stack(mb_stats).mean(0).tolist()  # the iteration's one host sync: [member][stat]
+            lrs = lr.tolist()
             members = [
-                dict(seed=seed, episodic_return=ret, episodic_length=length, **dict(zip(STAT_NAMES, member)))
-                for seed, ret, length, member in zip(seeds, episodes.means(), episodes.mean_lengths(), losses)
+                dict(
+                    seed=seed, episodic_return=ret, episodic_length=length, lr=member_lr, **dict(zip(STAT_NAMES, stats))
+                )
+                for seed, ret, length, member_lr, stats in zip(
+                    seeds, episodes.means(), episodes.mean_lengths(), lrs, losses
+                )
             ]
             t_update = time.perf_counter() - t0
 
@@ -568,7 +620,7 @@ def main(args: Args):
                 t_policy=t_policy,
                 t_gae=t_gae,
                 t_update=t_update,
-                lr=lr.item(),
+                lr=float(np.mean(lrs)),
                 **dict(zip(STAT_NAMES, np.mean(losses, 0).tolist())),
                 members=members,
             )
