@@ -17,19 +17,23 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import tyro
 
 LEANRL = Path(__file__).resolve().parents[1]
-FAMILIES = {"classic": ("ppo_torchcompile", "ppo_seeds_torchcompile")}
+FAMILIES = {
+    "classic": ("ppo_torchcompile", "ppo_seeds_torchcompile"),
+    "mujoco": ("ppo_continuous_action_torchcompile", "ppo_continuous_action_seeds_torchcompile"),
+    "atari": ("ppo_atari_envpool_torchcompile", "ppo_atari_envpool_seeds_torchcompile"),
+}
 SPLIT = ("t_env", "t_policy", "t_gae", "t_update")
 
 
 @dataclass
 class Args:
-    family: str = "classic"
-    """the family (classic)"""
+    family: Literal["classic", "mujoco", "atari"] = "classic"
+    """the family: classic (CartPole), mujoco (HalfCheetah) or atari (Breakout)"""
     num_seeds: int = 8
     """seeds per way: seed, seed + 1, ..."""
     seed: int = 1
