@@ -1,6 +1,8 @@
-"""Many seeds, two ways, side by side on this machine: the seeds script (one process, the members stacked) against the
-ordinary way, one run of the base script per seed, two at a time, each pinned to a core of its own (as
-doc/learning.md's runs were made). Both with --compile; the wall time counts everything, compiling included.
+"""Many seeds, two ways, side by side on this machine: the seeds script (the members stacked) against the ordinary
+way, one run of the base script per seed, two at a time, each pinned to a core of its own (as doc/learning.md's runs
+were made). The seeds way uses the cores alike: `--processes` seeds-script runs side by side, each pinned to a core of
+its own, the members shared out among them (seeds seed ... in order). Both with --compile; the wall time counts
+everything, compiling included.
 
 Per way: the wall time for all seeds, each seed's final return (a member is its seed's run, so the returns agree up
 to float drift), and where one iteration's time goes (the metrics' t_env, t_policy, t_gae, t_update, median over
@@ -11,6 +13,7 @@ The table goes to <out>/table.md, the numbers to <out>/results.json.
 """
 
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -40,6 +43,10 @@ class Args:
     """the first seed"""
     total_timesteps: int = 500000
     """each seed's steps"""
+    processes: int = 2
+    """seeds-script runs side by side, each pinned to a core and given num_seeds / processes members (as the ordinary
+    way runs two at a time): one process per core measured fastest (envpool's threads and the loop on one core, no
+    cross-core wake-ups)"""
     sizes: list[int] = field(default_factory=list)
     """further seeds-script runs of these sizes, for the time split per iteration (e.g. 1 4 8)"""
     out: str = "runs/seeds"
@@ -91,24 +98,33 @@ def ordinary(args: Args, base: str, out: Path) -> dict:
     return dict(wall_s=wall, returns=returns, split_ms=split(out / f"seed{seeds[0]}"))
 
 
-def stacked(args: Args, script: str, n: int, out: Path) -> dict:
-    """One run of the seeds script with n members."""
+def stacked(args: Args, script: str, n: int, out: Path, processes: int = 1) -> dict:
+    """n members in `processes` runs of the seeds script side by side, each pinned to a core of its own (cores 0, 1,
+    ...), run p holding the members seed + p * n / processes onwards; one process alone runs in <out>."""
     t0 = time.perf_counter()
-    proc = launch(
-        script,
-        out,
-        None,
-        *("--seed", str(args.seed), "--num-seeds", str(n), "--total-timesteps", str(args.total_timesteps)),
-    )
-    wait(proc, args.timeout, f"{script} --num-seeds {n}")
+    each = n // processes
+    dirs = [out] if processes == 1 else [out / f"part{p}" for p in range(processes)]
+    procs = [
+        launch(
+            script,
+            log_dir,
+            p,
+            *("--seed", str(args.seed + p * each), "--num-seeds", str(each)),
+            *("--total-timesteps", str(args.total_timesteps)),
+        )
+        for p, log_dir in enumerate(dirs)
+    ]
+    for proc in procs:
+        wait(proc, args.timeout, f"{script} --num-seeds {each}")
     wall = time.perf_counter() - t0
-    summary = json.load(open(out / "summary.json"))
+    summaries = [json.load(open(log_dir / "summary.json")) for log_dir in dirs]
     return dict(
         wall_s=wall,
-        returns=[m["final_return"] for m in summary["members"]],
-        split_ms=split(out),
-        compile_s=summary["compile_time"],
-        cpu=summary["cpu"],
+        processes=processes,
+        returns=[m["final_return"] for s in summaries for m in s["members"]],
+        split_ms=split(dirs[0]),
+        compile_s=max(s["compile_time"] for s in summaries),
+        cpu=re.sub(r", this process on \d+", "", summaries[0]["cpu"]),  # the machine, as the scripts name it
     )
 
 
@@ -123,12 +139,17 @@ def main(args: Args):
         date=time.strftime("%Y-%m-%d"),
     )
     results["ordinary"] = ordinary(args, base, out / "ordinary")
-    results["seeds"] = stacked(args, script, args.num_seeds, out / f"seeds{args.num_seeds}")
+    if args.num_seeds % args.processes:
+        raise SystemExit(f"--num-seeds {args.num_seeds} does not share out among --processes {args.processes}")
+    results["seeds"] = stacked(args, script, args.num_seeds, out / f"seeds{args.num_seeds}", args.processes)
     results["cpu"] = results["seeds"]["cpu"]  # as the scripts name it: the model and the cores this process may use
     results["sizes"] = {n: stacked(args, script, n, out / f"seeds{n}") for n in args.sizes}
     lines = [
         f"{args.family}, {args.num_seeds} seeds x {args.total_timesteps:,} steps, --compile, {results['date']}, "
         f"commit {results['commit']}, {results['cpu']}",
+        "",
+        f"The seeds way: {args.processes} seeds-script runs side by side, each pinned to a core, "
+        f"{args.num_seeds // args.processes} members each. Sizes: one run alone, pinned to core 0.",
         "",
         "| way | wall s | vs ordinary | final returns |",
         "|---|---:|---:|---|",
