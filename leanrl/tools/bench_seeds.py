@@ -141,7 +141,8 @@ def main(args: Args):
     results["ordinary"] = ordinary(args, base, out / "ordinary")
     if args.num_seeds % args.processes:
         raise SystemExit(f"--num-seeds {args.num_seeds} does not share out among --processes {args.processes}")
-    results["seeds"] = stacked(args, script, args.num_seeds, out / f"seeds{args.num_seeds}", args.processes)
+    way = out / f"seeds{args.num_seeds}-in-{args.processes}"
+    results["seeds"] = stacked(args, script, args.num_seeds, way, args.processes)
     results["cpu"] = results["seeds"]["cpu"]  # as the scripts name it: the model and the cores this process may use
     results["sizes"] = {n: stacked(args, script, n, out / f"seeds{n}") for n in args.sizes}
     lines = [
@@ -160,8 +161,9 @@ def main(args: Args):
         rets = ", ".join(f"{x:.1f}" if x is not None else "-" for x in r["returns"])
         lines.append(f"| {way} | {r['wall_s']:.1f} | {ratio:.2f}x | {rets} |")
     lines += ["", "| run | " + " | ".join(f"{k} ms" for k in SPLIT) + " |", "|---|" + "---:|" * len(SPLIT)]
-    rows = [("ordinary (one seed)", results["ordinary"]), (f"seeds N={args.num_seeds}", results["seeds"])]
-    rows += [(f"seeds N={n}", r) for n, r in results["sizes"].items()]
+    each = args.num_seeds // args.processes
+    rows = [("ordinary (one seed)", results["ordinary"]), (f"seeds way: one of its runs, N={each}", results["seeds"])]
+    rows += [(f"seeds N={n} alone", r) for n, r in results["sizes"].items()]
     for name, r in rows:
         lines.append(f"| {name} | " + " | ".join(f"{r['split_ms'][k]:.1f}" for k in SPLIT) + " |")
     out.mkdir(parents=True, exist_ok=True)
