@@ -151,7 +151,8 @@ learn_family() {  # family baseline torchcompile [quantized pruned ddp compile_a
   fi
   if [ -n "$ddp" ] && [ "$CORES" -lt 2 ]; then skip "$f" 08-ddp2 "one CPU core: no room for 2 ranks"; fi
   # --compile's runs as the members of one seeds run, where the family has a seeds script and the seeds follow each
-  # other: 1.6-2.4x faster than a run per seed in turn (doc/seeds.md); report.py reads each member as its seed's run
+  # other: about 1.7-2.1x faster than a run per seed in turn (doc/seeds.md); report.py reads each member as its
+  # seed's run
   if [ -n "$seeds" ] && consecutive $SEEDS; then
     run "$f" 03-compile "${SEEDS%% *}" python "$seeds" --compile --num-seeds "$(wc -w <<< "$SEEDS")"
   else

@@ -308,7 +308,7 @@ def test_run_sh_learn_budgets(tmp_path):
     """LEARN=1 DRY=1: each family's learning budget, the baseline, --compile and the family's variants, both seeds;
     dqn_atari skipped with the budget that would show it; nothing run or written. A finished run is not repeated,
     one stopped early is. CartPole's and HalfCheetah's --compile runs are one run of their seeds script, the seeds its
-    members, where the seeds follow each other (1.6-2.4x faster than a run per seed in turn: doc/seeds.md)."""
+    members, where the seeds follow each other (about 1.7-2.1x faster than a run per seed in turn: doc/seeds.md)."""
     runs, other = dry_run(tmp_path, LEARN="1")
     steps = {"classic": 500000, "atari": 400000, "mujoco": 200000, "sac": 100000, "td3": 100000, "dqn": 500000}
     ddp = ["08-ddp2"] if plumbing.cores() >= 2 else []
