@@ -3,12 +3,12 @@
 
 The reference is the base script itself, run once per seed: a member must log what that run logs (its games exactly,
 as the same actions are taken in emulators seeded alike; its losses within float tolerance, as the members' batched
-convolutions, GEMMs and per-member norms sum in another order)."""
+convolutions, GEMMs and per-member norms sum in another order). The clip and --target-kl tests of every seeds
+script are in test_ppo_seeds.py."""
 
 import pytest
-import torch
 
-from conftest import assert_rejected, load_script, read_metrics, read_summary, run_script
+from conftest import read_metrics, read_summary, run_script
 from test_ppo_seeds import sweep_flags
 
 # 4 iterations of 2 envs x 64 steps, one epoch of 2 minibatches: a few seconds a run on one thread
@@ -70,35 +70,3 @@ def test_a_member_is_its_single_seed_run(tmp_path, num_seeds, flags, sweep):
         assert [row["members"][k]["lr"] for row in rows] == pytest.approx([row["lr"] for row in single], rel=1e-6)
         assert_member_is_its_run([row["members"][k] for row in rows], single, 7 + k)
         assert summary["members"][k]["final_return"] == read_summary(single_dir)["final_return"]
-
-
-def test_members_clip_their_own_gradients():
-    """clip_members is torch's clip_grad_norm_ for each member alone: a member with a huge gradient is clipped hard and
-    leaves the others' gradients and norms as their own clip_grad_norm_ leaves them."""
-    module = load_script("ppo_atari_envpool_seeds_torchcompile")
-    torch.manual_seed(0)
-    grads = [torch.randn(3, 8, 4, 2, 2), torch.randn(3, 8)]
-    grads[0][1] *= 1000.0
-    expected_grads, expected_norms = [], []
-    for k in range(3):
-        member = [torch.nn.Parameter(torch.zeros_like(g[k])) for g in grads]
-        for p, g in zip(member, grads):
-            p.grad = g[k].clone()
-        expected_norms.append(torch.nn.utils.clip_grad_norm_(member, 0.5))
-        expected_grads.append([p.grad for p in member])
-    norms = module.clip_members(grads, 0.5)
-    torch.testing.assert_close(norms, torch.stack(expected_norms))
-    for k in range(3):
-        for g, expected in zip(grads, expected_grads[k]):
-            torch.testing.assert_close(g[k], expected)
-
-
-def test_target_kl_is_refused_in_one_line(tmp_path):
-    """--target-kl stops a run's epochs at its own time; members that update together cannot: refused before any
-    work, with the way to get it."""
-    assert_rejected(
-        "ppo_atari_envpool_seeds_torchcompile.py",
-        ["--target-kl", "0.01"],
-        ["--target-kl", "ppo_atari_envpool_torchcompile.py"],
-        tmp_path,
-    )

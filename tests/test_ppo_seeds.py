@@ -80,12 +80,21 @@ def test_a_per_member_value_per_member(tmp_path):
     )
 
 
-def test_members_clip_their_own_gradients():
+# each seeds script and the base script whose runs its members are
+SEEDS_SCRIPTS = {
+    "ppo_seeds_torchcompile": "ppo_torchcompile",
+    "ppo_continuous_action_seeds_torchcompile": "ppo_continuous_action_torchcompile",
+    "ppo_atari_envpool_seeds_torchcompile": "ppo_atari_envpool_torchcompile",
+}
+
+
+@pytest.mark.parametrize("script", SEEDS_SCRIPTS)
+def test_members_clip_their_own_gradients(script):
     """clip_members is torch's clip_grad_norm_ for each member alone: a member with a huge gradient is clipped hard and
     leaves the others' gradients and norms as their own clip_grad_norm_ leaves them."""
-    module = load_script("ppo_seeds_torchcompile")
+    module = load_script(script)
     torch.manual_seed(0)
-    grads = [torch.randn(3, 8, 4), torch.randn(3, 8)]
+    grads = [torch.randn(3, 8, 4, 2, 2), torch.randn(3, 8, 4), torch.randn(3, 8)]
     grads[0][1] *= 1000.0
     expected_grads, expected_norms = [], []
     for k in range(3):
@@ -101,12 +110,12 @@ def test_members_clip_their_own_gradients():
             torch.testing.assert_close(g[k], expected)
 
 
-def test_target_kl_is_refused_in_one_line(tmp_path):
+@pytest.mark.parametrize("script", SEEDS_SCRIPTS)
+def test_target_kl_is_refused_in_one_line(tmp_path, script):
     """--target-kl stops a run's epochs at its own time; members that update together cannot: refused before any
-    work, with the way to get it."""
-    assert_rejected(
-        "ppo_seeds_torchcompile.py", ["--target-kl", "0.01"], ["--target-kl", "ppo_torchcompile.py"], tmp_path
-    )
+    work, with the way to get it (the base script, once per seed)."""
+    base = SEEDS_SCRIPTS[script]
+    assert_rejected(f"{script}.py", ["--target-kl", "0.01"], ["--target-kl", f"{base}.py"], tmp_path)
 
 
 CHEETAH = ("--total-timesteps", "1024", "--num-steps", "1024", "--update-epochs", "2", "--save-model")
@@ -177,15 +186,6 @@ def test_a_halfcheetah_member_is_its_single_seed_run(tmp_path, num_seeds, flags,
         for stats in ("obs_rms", "ret_rms"):
             for key, value in ckpt["normalizer"][stats].items():
                 torch.testing.assert_close(stacked["normalizer"][stats][key][k].reshape(value.shape), value)
-
-
-def test_a_halfcheetah_seeds_run_refuses_target_kl(tmp_path):
-    assert_rejected(
-        "ppo_continuous_action_seeds_torchcompile.py",
-        ["--target-kl", "0.01"],
-        ["--target-kl", "ppo_continuous_action_torchcompile.py"],
-        tmp_path,
-    )
 
 
 def test_halfcheetah_members_act_alike_in_torch_and_in_numpy():
