@@ -22,21 +22,29 @@
 # and doc/learning_<family>.png. Steps per run: classic and
 # dqn 500k, atari 400k, mujoco 200k, sac and td3 100k (their own learning_starts). dqn_atari needs CleanRL's 10M
 # steps (learning from step 80k), out of reach on 2 cores: skipped unless DQN_ATARI_STEPS=10000000 is given.
+# CLEANRL=1: CleanRL's own budgets, to set beside CleanRL's published benchmark table (doc/cleanrl.md): the baseline
+# and --compile of classic, dqn and mujoco (CartPole 500k, DQN CartPole 500k, HalfCheetah 1M; SEEDS default
+# "1 2 3 4 5", --compile's seeds as one seeds-script run where the family has one), --compile of td3 and sac (1M)
+# and the baseline and --compile of atari (Breakout, ATARI_STEPS, default 2000000 of CleanRL's 10M), these three with
+# LONG_SEEDS (default "1"). Every run saves its checkpoint (--save-model) when it ends or is stopped (Ctrl-C,
+# SIGTERM), and the next CLEANRL=1 run resumes it; a run finished at another budget runs again. Two at a time, one per
+# core: `taskset -c 0 nice bash run.sh classic dqn mujoco & taskset -c 1 nice bash run.sh td3 sac atari`.
 # SEEDS (default "21 31 41"), OUT (default runs/bench, or runs/smoke), DOC (default doc, or $OUT/doc with SMOKE).
 # Re-running resumes: a run with a summary.json is not repeated. What this machine cannot run is skipped, saying so.
 # DRY=1: print the runs that would run (one line each: family/configuration, then the command) and the report's
 # command, and run nothing.
 set -euo pipefail
 cd "$(dirname "$0")"
-FAMILIES=${*:-classic atari mujoco sac td3 dqn dqn_atari}
+LEARN=${LEARN:-0}
+CLEANRL=${CLEANRL:-0}
+if [ "$CLEANRL" = 1 ]; then FAMILIES=${*:-classic dqn mujoco td3 sac atari}; else FAMILIES=${*:-classic atari mujoco sac td3 dqn dqn_atari}; fi
 for f in $FAMILIES; do
   case $f in classic|atari|mujoco|sac|td3|dqn|dqn_atari|teacher) ;;
     *) echo "error: unknown family '$f' (classic, atari, mujoco, sac, td3, dqn, dqn_atari or teacher)" >&2; exit 2 ;; esac
 done
-LEARN=${LEARN:-0}
 DRY=${DRY:-0}
-if [ $(( ${SMOKE:-0} + ${FULL:-0} + LEARN )) -gt 1 ]; then
-  echo "error: SMOKE=1, FULL=1 and LEARN=1 are different sweeps: give one of them" >&2
+if [ $(( ${SMOKE:-0} + ${FULL:-0} + LEARN + CLEANRL )) -gt 1 ]; then
+  echo "error: SMOKE=1, FULL=1, LEARN=1 and CLEANRL=1 are different sweeps: give one of them" >&2
   exit 2
 fi
 dqn_budget() {  # family steps: DQN's budget flags (learning_starts, log lines, buffer) for a run of that many steps
@@ -69,6 +77,19 @@ elif [ "$LEARN" = 1 ]; then
       dqn_atari) dqn_budget dqn_atari "${DQN_ATARI_STEPS:-10000000}" ;;
     esac
   }
+elif [ "$CLEANRL" = 1 ]; then
+  OUT=${OUT:-runs/cleanrl}
+  SEEDS=${SEEDS:-1 2 3 4 5}
+  LONG_SEEDS=${LONG_SEEDS:-1}
+  budget() {  # CleanRL's budgets (Breakout's cut to ATARI_STEPS), with CleanRL's defaults for everything else
+    case $1 in
+      classic) echo --total-timesteps 500000 ;;
+      dqn) dqn_budget dqn 500000 ;;
+      mujoco|sac|td3) echo --total-timesteps 1000000 ;;
+      atari) echo --total-timesteps "${ATARI_STEPS:-2000000}" ;;
+      *) echo "error: CLEANRL=1 runs classic, dqn, mujoco, td3, sac and atari, not $1" >&2; exit 2 ;;
+    esac
+  }
 else
   budget() { case $1 in dqn) dqn_budget dqn "${DQN_STEPS:-30000}";; dqn_atari) dqn_budget dqn_atari "${DQN_ATARI_STEPS:-6000}";;
     *) echo --total-timesteps "$(case $1 in classic|teacher) echo "${CLASSIC_STEPS:-200000}";; atari) echo "${ATARI_STEPS:-10240}";; mujoco) echo "${MUJOCO_STEPS:-20480}";; *) echo "${OFFPOLICY_STEPS:-8000}";; esac)"
@@ -86,24 +107,41 @@ skip() {  # skip family config reason: the report shows the configuration as ski
   mkdir -p "$OUT/$1/$2"; echo "$3" > "$OUT/$1/$2/SKIPPED"; echo "== skip $1/$2: $3" >&2
 }
 
+finished() {  # dir family: the run there ended by itself at this sweep's budget
+  local total
+  total=$(budget "$2" | sed -n 's/.*--total-timesteps \([0-9]*\).*/\1/p')
+  [ -f "$1/summary.json" ] && ! grep -q '"interrupted": true' "$1/summary.json" \
+    && grep -q "\"total_timesteps\": $total," "$1/summary.json"
+}
+
 run() {  # run family config seed command...: one run, unless it finished before
   local family=$1 config=$2 seed=$3; shift 3
-  local dir="$OUT/$family/$config/$seed"
-  # one stopped early (Ctrl-C, which stops the sweep too) wrote a summary.json as well: it runs again
-  if [ -f "$dir/summary.json" ] && ! grep -q '"interrupted": true' "$dir/summary.json"; then return; fi
+  local dir="$OUT/$family/$config/$seed" keep=()
+  # one stopped early (Ctrl-C, which stops the sweep too) wrote a summary.json as well: it runs again, and CLEANRL=1
+  # resumes it from the checkpoint it saved
+  if finished "$dir" "$family"; then return; fi
+  if [ "$CLEANRL" = 1 ]; then
+    keep=(--save-model)
+    if [ -f "$dir/agent.pt" ]; then keep+=(--resume "$dir/agent.pt"); fi
+  fi
   if [ "$DRY" = 1 ]; then
-    echo "$family/$config:" "$@" --seed "$seed" --log-dir "$dir" $(budget "$family")
+    echo "$family/$config:" "$@" --seed "$seed" --log-dir "$dir" $(budget "$family") "${keep[@]}"
     return
   fi
-  rm -rf "$dir" "$OUT/$family/$config/SKIPPED"
+  if [ ! -f "$dir/agent.pt" ] || [ "$CLEANRL" != 1 ]; then rm -rf "$dir"; fi
+  rm -rf "$OUT/$family/$config/SKIPPED"
   echo "== $family/$config seed $seed" >&2
-  "$@" --seed "$seed" --log-dir "$dir" $(budget "$family")
+  "$@" --seed "$seed" --log-dir "$dir" $(budget "$family") "${keep[@]}"
 }
 
 family() {  # family baseline torchcompile [quantized pruned ddp compile_async seeds]: one family per seed (the last two: LEARN=1)
   local f=$1 base=leanrl/$2 tc=leanrl/$3 quant=${4:+leanrl/$4} pruned=${5:+leanrl/$5} ddp=${6:+leanrl/$6} seed
   if [ "$LEARN" = 1 ]; then
     learn_family "$@"
+    return
+  fi
+  if [ "$CLEANRL" = 1 ]; then
+    cleanrl_family "$@"
     return
   fi
   [ "$CUDA" = 1 ] || skip "$f" 04-compile-cudagraphs "no CUDA device"
@@ -174,6 +212,21 @@ learn_family() {  # family baseline torchcompile [quantized pruned ddp compile_a
   done
 }
 
+cleanrl_family() {  # family baseline torchcompile [... seeds]: CLEANRL=1's configurations
+  local f=$1 base=leanrl/$2 tc=leanrl/$3 seeds=${8:+leanrl/$8} list=$SEEDS seed
+  case $f in td3|sac|atari) list=$LONG_SEEDS ;; esac
+  if [ -n "$seeds" ] && consecutive $list; then
+    run "$f" 03-compile "${list%% *}" python "$seeds" --compile --num-seeds "$(wc -w <<< "$list")"
+  else
+    seeds=
+  fi
+  for seed in $list; do
+    # TD3's and SAC's baselines at 1M are 2-3 hours each on a CPU core: the published table is CleanRL's
+    case $f in td3|sac) ;; *) run "$f" 01-baseline "$seed" python "$base" ;; esac
+    if [ -z "$seeds" ]; then run "$f" 03-compile "$seed" python "$tc" --compile; fi
+  done
+}
+
 teacher_family() {  # a 1024 x 6 network alone, then students of three sizes acting beside a 1024 x 6 teacher
   local ts=leanrl/ppo_teacher_student_torchcompile.py seed
   for seed in $SEEDS; do
@@ -204,6 +257,7 @@ for f in $FAMILIES; do
 done
 report=(python leanrl/tools/report.py "$OUT" --out "$DOC")
 if [ "$LEARN" = 1 ]; then report+=(--learning); fi
+if [ "$CLEANRL" = 1 ]; then report+=(--cleanrl); fi
 if [ "$DRY" = 1 ]; then
   echo "${report[*]}"
   exit 0
