@@ -30,7 +30,8 @@
 # SIGTERM), and the next CLEANRL=1 run resumes it; a run finished at another budget runs again. Two at a time, one per
 # core: `taskset -c 0 nice bash run.sh classic dqn mujoco & taskset -c 1 nice bash run.sh td3 sac atari`.
 # SEEDS (default "21 31 41"), OUT (default runs/bench, or runs/smoke), DOC (default doc, or $OUT/doc with SMOKE).
-# Re-running resumes: a run with a summary.json is not repeated. What this machine cannot run is skipped, saying so.
+# Re-running resumes: a run that finished at the sweep's budget (and, for a seeds script, with the members SEEDS
+# asks for) is not repeated. One run.sh per family at a time: a second one into the same OUT is refused. What this machine cannot run is skipped, saying so.
 # DRY=1: print the runs that would run (one line each: family/configuration, then the command) and the report's
 # command, and run nothing.
 set -euo pipefail
@@ -107,28 +108,32 @@ skip() {  # skip family config reason: the report shows the configuration as ski
   mkdir -p "$OUT/$1/$2"; echo "$3" > "$OUT/$1/$2/SKIPPED"; echo "== skip $1/$2: $3" >&2
 }
 
-finished() {  # dir family: the run there ended by itself at this sweep's budget
-  local total
+finished() {  # dir family command...: the run there ended by itself at this sweep's budget, with the members asked
+  local dir=$1 total members
   total=$(budget "$2" | sed -n 's/.*--total-timesteps \([0-9]*\).*/\1/p')
-  [ -f "$1/summary.json" ] && ! grep -q '"interrupted": true' "$1/summary.json" \
-    && grep -q "\"total_timesteps\": $total," "$1/summary.json"
+  members=$(sed -n 's/.*--num-seeds \([0-9]*\).*/\1/p' <<< "${*:3}")
+  [ -f "$dir/summary.json" ] && ! grep -q '"interrupted": true' "$dir/summary.json" \
+    && grep -Eq "\"total_timesteps\": $total([^0-9]|$)" "$dir/summary.json" \
+    && { [ -z "$members" ] || grep -Eq "\"num_seeds\": $members([^0-9]|$)" "$dir/summary.json"; }
 }
 
 run() {  # run family config seed command...: one run, unless it finished before
   local family=$1 config=$2 seed=$3; shift 3
-  local dir="$OUT/$family/$config/$seed" keep=()
+  local dir="$OUT/$family/$config/$seed" keep=() fresh=
   # one stopped early (Ctrl-C, which stops the sweep too) wrote a summary.json as well: it runs again, and CLEANRL=1
   # resumes it from the checkpoint it saved
-  if finished "$dir" "$family"; then return; fi
+  if finished "$dir" "$family" "$@"; then return; fi
+  # a run that ended at another budget or with other members is another run: it starts again
+  if [ -f "$dir/summary.json" ] && ! grep -q '"interrupted": true' "$dir/summary.json"; then fresh=1; fi
   if [ "$CLEANRL" = 1 ]; then
     keep=(--save-model)
-    if [ -f "$dir/agent.pt" ]; then keep+=(--resume "$dir/agent.pt"); fi
+    if [ -f "$dir/agent.pt" ] && [ -z "$fresh" ]; then keep+=(--resume "$dir/agent.pt"); fi
   fi
   if [ "$DRY" = 1 ]; then
     echo "$family/$config:" "$@" --seed "$seed" --log-dir "$dir" $(budget "$family") "${keep[@]}"
     return
   fi
-  if [ ! -f "$dir/agent.pt" ] || [ "$CLEANRL" != 1 ]; then rm -rf "$dir"; fi
+  if [ "${#keep[@]}" -lt 2 ]; then rm -rf "$dir"; fi
   rm -rf "$OUT/$family/$config/SKIPPED"
   echo "== $family/$config seed $seed" >&2
   "$@" --seed "$seed" --log-dir "$dir" $(budget "$family") "${keep[@]}"
@@ -238,6 +243,20 @@ teacher_family() {  # a 1024 x 6 network alone, then students of three sizes act
   done
 }
 
+# one run.sh per family at a time: a second one would delete the first one's live run folders; another family's
+# sweep may run beside it (one per core)
+if [ "$DRY" != 1 ]; then
+  lock=9
+  for f in $FAMILIES; do
+    mkdir -p "$OUT/$f"
+    eval "exec $lock>\"\$OUT/\$f/.lock\""
+    if ! flock -n "$lock"; then
+      echo "error: another run.sh is running $f into $OUT: wait for it, or give another OUT" >&2
+      exit 2
+    fi
+    lock=$((lock + 1))
+  done
+fi
 start=$SECONDS
 for f in $FAMILIES; do
   case $f in
