@@ -31,7 +31,8 @@
 # core: `taskset -c 0 nice bash run.sh classic dqn mujoco & taskset -c 1 nice bash run.sh td3 sac atari`.
 # SEEDS (default "21 31 41"), OUT (default runs/bench, or runs/smoke), DOC (default doc, or $OUT/doc with SMOKE).
 # Re-running resumes: a run that finished at the sweep's budget (and, for a seeds script, with the members SEEDS
-# asks for) is not repeated. One run.sh per family at a time: a second one into the same OUT is refused. What this machine cannot run is skipped, saying so.
+# asks for) is not repeated. One run.sh per family at a time: a second one into the same OUT is refused.
+# What this machine cannot run is skipped, saying so.
 # DRY=1: print the runs that would run (one line each: family/configuration, then the command) and the report's
 # command, and run nothing.
 set -euo pipefail
