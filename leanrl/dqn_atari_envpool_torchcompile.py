@@ -175,7 +175,7 @@ def stacks(fields: dict, inds):
     return fields["frames"][(inds.unsqueeze(1) - back) % fields["frames"].shape[0]]
 
 
-def update(q_network, target_network, optimizer, lr, gamma: float, fields: dict, inds):
+def update(q_network, target_network, optimizer, gamma: float, fields: dict, inds):
     """A TD step on the transitions at `inds`, returns [td_loss, mean Q]. Gradients from torch.func.grad, the step from
     torch.optim's functional Adam: compiled, one graph (loss.backward() and optimizer.step() would each break it)."""
     obs = stacks(fields, inds)
@@ -188,7 +188,7 @@ def update(q_network, target_network, optimizer, lr, gamma: float, fields: dict,
     params = {name: p.detach() for name, p in q_network.named_parameters()}
     grads, stats = torch.func.grad(td_loss, has_aux=True)(params, q_network, obs, actions, td_target)
     plist = list(q_network.parameters())
-    adam_step(optimizer, plist, [grads[name] for name in params], lr)
+    adam_step(optimizer, plist, [grads[name] for name in params])
     return stats
 
 
@@ -208,11 +208,13 @@ def make_optimizer(q_network, lr, capturable: bool):
     return optimizer
 
 
-def adam_step(optimizer, params: list, grads: list, lr):
+def adam_step(optimizer, params: list, grads: list):
     """torch.optim.Adam's step in its functional form, on the optimizer's own state (see make_optimizer): with the
     gradients from torch.func.grad, a compiled update is one graph. On Breakout the convolutions take the time: LeanRL's
     loss.backward() and optimizer.step() measured within the runs' spread of it (doc/compile.md)."""
     state = [optimizer.state[p] for p in params]
+    # the lr is the param group's, the tensor the loop anneals in place: CleanRL's float assignment works too, but
+    # compiled code re-traces at each new value and a CUDA graph replays the one it captured
     group = optimizer.param_groups[0]
     with torch.no_grad():
         adam(
@@ -227,7 +229,7 @@ def adam_step(optimizer, params: list, grads: list, lr):
             amsgrad=False,
             beta1=group["betas"][0],
             beta2=group["betas"][1],
-            lr=lr,
+            lr=group["lr"],
             weight_decay=0.0,
             eps=group["eps"],
             maximize=False,
@@ -363,7 +365,7 @@ def main(args: Args):
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
     policy = functools.partial(act, q_network)
-    td_update = functools.partial(update, q_network, target_network, optimizer, lr, args.gamma, rb.fields)
+    td_update = functools.partial(update, q_network, target_network, optimizer, args.gamma, rb.fields)
     target_update = functools.partial(
         update_target, list(q_network.parameters()), list(target_network.parameters()), args.tau
     )

@@ -424,13 +424,13 @@ def ppo_loss(params: dict, agent: Agent, args: Args, obs, actions, logprobs, adv
 
 
 def update(
-    agent: Agent, params: dict, optimizer, lr, coefs, args: Args, obs, actions, logprobs, advantages, returns, values
+    agent: Agent, params: dict, optimizer, coefs, args: Args, obs, actions, logprobs, advantages, returns, values
 ):
     """One minibatch of every member, each on its own (the inputs member first) with its own clip and entropy
-    coefficients (`coefs`: (num_seeds, 2)) and learning rate (`lr`: (num_seeds,)): each member's gradient of its own
-    loss (torch.func.grad under torch.func.vmap), clipped by its own norm, then one Adam step over the stacked
-    parameters, which is each member's own step (Adam is elementwise). Returns the statistics [members, stats] as
-    tensors: reading them here would make the host wait for every minibatch."""
+    coefficients (`coefs`: (num_seeds, 2)) and learning rate (the optimizer's `lr`: (num_seeds,)): each member's
+    gradient of its own loss (torch.func.grad under torch.func.vmap), clipped by its own norm, then one Adam step over
+    the stacked parameters, which is each member's own step (Adam is elementwise). Returns the statistics
+    [members, stats] as tensors: reading them here would make the host wait for every minibatch."""
 
     def member_grad(p, coef, *batch):
         member_args = replace(args, clip_coef=coef[0], ent_coef=coef[1])
@@ -440,7 +440,7 @@ def update(
     grads, stats = torch.vmap(member_grad)(detached, coefs, obs, actions, logprobs, advantages, returns, values)
     grads = [grads[name] for name in params]
     clip_members(grads, args.max_grad_norm)
-    adam_step(optimizer, list(params.values()), grads, lr)
+    member_adam_step(optimizer, list(params.values()), grads)
     return stats
 
 
@@ -456,10 +456,10 @@ def clip_members(grads: list, max_norm: float):
 
 
 def make_optimizer(params: list, lr, capturable: bool):
-    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `adam_step` steps it.
+    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `member_adam_step` steps it.
     `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
     host and CUDA graphs can replay it. `lr`: one per member, set in the param group after the constructor (which takes
-    one lr), the tensor the loop anneals in place and `adam_step` steps with."""
+    one lr), the tensor the loop anneals in place and `member_adam_step` steps with."""
     optimizer = torch.optim.Adam(params, eps=1e-5, capturable=capturable)
     optimizer.param_groups[0]["lr"] = lr
     for p in params:
@@ -468,12 +468,13 @@ def make_optimizer(params: list, lr, capturable: bool):
     return optimizer
 
 
-def adam_step(optimizer, params: list, grads: list, lr):
+def member_adam_step(optimizer, params: list, grads: list):
     """torch.optim.Adam's step (the formulas of its single-tensor path) on the optimizer's own state (see
-    make_optimizer), each member with its own learning rate: `lr` (num_seeds,) scales each member's slice. torch.optim's
-    functional adam takes one lr for all (a tensor of them only on CUDA, capturable). With the gradients from
-    torch.func.grad, a compiled update is one graph."""
+    make_optimizer), each member with its own learning rate: the param group's `lr` (num_seeds,), the tensor the loop
+    anneals in place, scales each member's slice. torch.optim's functional adam takes one lr for all (a tensor of them
+    only on CUDA, capturable). With the gradients from torch.func.grad, a compiled update is one graph."""
     group = optimizer.param_groups[0]
+    lr = group["lr"]
     beta1, beta2 = group["betas"]
     with torch.no_grad():
         for p, grad in zip(params, grads):
@@ -524,7 +525,7 @@ def main(args: Args):
     # One acting unit per env pool: with an odd --num-envs the pools differ in size, and a CUDA graph has one shape.
     acts = [functools.partial(policy, agent, inference) for _ in pools]
     compute_gae = functools.partial(gae, agent, inference, gamma=args.gamma, gae_lambda=args.gae_lambda)
-    update_minibatch = functools.partial(update, agent, params, optimizer, lr, coefs, args)
+    update_minibatch = functools.partial(update, agent, params, optimizer, coefs, args)
     if args.compile:
         acts = [torch.compile(act) for act in acts]
         compute_gae = torch.compile(compute_gae)

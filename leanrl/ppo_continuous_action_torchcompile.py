@@ -440,7 +440,7 @@ def ppo_loss(params, agent, args, obs, actions, logprobs, advantages, returns, v
     return loss, torch.stack([approx_kl, clipfrac, pg_loss, v_loss, entropy_loss]).detach()
 
 
-def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, returns, values, inds):
+def update(agent, optimizer, args, obs, actions, logprobs, advantages, returns, values, inds):
     """One minibatch step; returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm]. torch.func.grad and
     torch.optim's functional Adam on the optimizer's state: compiled, one graph (backward(), step() would break it)."""
     params = {name: p.detach() for name, p in agent.named_parameters()}
@@ -452,7 +452,7 @@ def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, retur
         p.grad = grads[name]
     # per-tensor norms fuse; foreach does not
     grad_norm = nn.utils.clip_grad_norm_(plist, args.max_grad_norm, foreach=False)
-    adam_step(optimizer, plist, [p.grad for p in plist], lr)
+    adam_step(optimizer, plist, [p.grad for p in plist])
     return torch.cat([stats, grad_norm.unsqueeze(0)])
 
 
@@ -467,11 +467,13 @@ def make_optimizer(agent, lr, capturable: bool):
     return optimizer
 
 
-def adam_step(optimizer, params: list, grads: list, lr):
+def adam_step(optimizer, params: list, grads: list):
     """torch.optim.Adam's step in its functional form, on the optimizer's own state (see make_optimizer): with the
     gradients from torch.func.grad, a compiled update is one graph. HalfCheetah runs 1.28x as fast as with LeanRL's
     loss.backward() and optimizer.step() compiled (the sweep's budget, a 2-core CPU: doc/compile.md)."""
     state = [optimizer.state[p] for p in params]
+    # the lr is the param group's, the tensor the loop anneals in place: CleanRL's float assignment works too, but
+    # compiled code re-traces at each new value and a CUDA graph replays the one it captured
     group = optimizer.param_groups[0]
     with torch.no_grad():
         adam(
@@ -486,7 +488,7 @@ def adam_step(optimizer, params: list, grads: list, lr):
             amsgrad=False,
             beta1=group["betas"][0],
             beta2=group["betas"][1],
-            lr=lr,
+            lr=group["lr"],
             weight_decay=0.0,
             eps=group["eps"],
             maximize=False,
@@ -530,7 +532,7 @@ def main(args: Args):
     policy = functools.partial(act, agent_inference.actor_mean)
     evaluate = agent_inference.forward
     get_value = agent_inference.get_value
-    update_minibatch = functools.partial(update, agent, optimizer, lr, args)
+    update_minibatch = functools.partial(update, agent, optimizer, args)
     if args.compile:
         # default options: on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
         normalize = torch.compile(normalize)

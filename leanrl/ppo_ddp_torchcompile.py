@@ -471,9 +471,7 @@ def average_gradients(dist_: Dist, grads: dict) -> dict:
     return {name: x.view_as(g) for (name, g), x in zip(grads.items(), flat.split(sizes))}
 
 
-def update(
-    agent, optimizer, lr, args, dist_, obs, actions, logprobs, advantages, returns, values, inds, adv_mean, adv_std
-):
+def update(agent, optimizer, args, dist_, obs, actions, logprobs, advantages, returns, values, inds, adv_mean, adv_std):
     """One minibatch step. Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm].
     Gradients from torch.func.grad and the step from torch.optim's functional Adam, on the optimizer's own state:
     compiled, it is one graph, the all-reduce included (loss.backward() and optimizer.step() would each break it)."""
@@ -498,7 +496,7 @@ def update(
         p.grad = grads[name]
     # per-tensor norms fuse; foreach does not
     grad_norm = nn.utils.clip_grad_norm_(plist, args.max_grad_norm, foreach=False)
-    adam_step(optimizer, plist, [p.grad for p in plist], lr)
+    adam_step(optimizer, plist, [p.grad for p in plist])
     return torch.cat([stats, grad_norm.unsqueeze(0)])
 
 
@@ -539,11 +537,13 @@ def make_optimizer(agent, lr, capturable: bool):
     return optimizer
 
 
-def adam_step(optimizer, params: list, grads: list, lr):
+def adam_step(optimizer, params: list, grads: list):
     """torch.optim.Adam's step in its functional form, on the optimizer's own state (see make_optimizer): with the
     gradients from torch.func.grad, a compiled update is one graph. CartPole runs 1.48x as fast as with LeanRL's
     loss.backward() and optimizer.step() compiled (the sweep's budget, a 2-core CPU: doc/compile.md)."""
     state = [optimizer.state[p] for p in params]
+    # the lr is the param group's, the tensor the loop anneals in place: CleanRL's float assignment works too, but
+    # compiled code re-traces at each new value and a CUDA graph replays the one it captured
     group = optimizer.param_groups[0]
     with torch.no_grad():
         adam(
@@ -558,7 +558,7 @@ def adam_step(optimizer, params: list, grads: list, lr):
             amsgrad=False,
             beta1=group["betas"][0],
             beta2=group["betas"][1],
-            lr=lr,
+            lr=group["lr"],
             weight_decay=0.0,
             eps=group["eps"],
             maximize=False,
@@ -603,7 +603,7 @@ def main(args: Args):
     policy = functools.partial(act, agent_inference.actor)
     evaluate = agent_inference.forward
     get_value = agent_inference.get_value
-    update_minibatch = functools.partial(update, agent, optimizer, lr, args, dist_)
+    update_minibatch = functools.partial(update, agent, optimizer, args, dist_)
     if args.compile:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290

@@ -21,8 +21,8 @@ The algorithm, network and defaults of ppo.py (CleanRL's). The base's tricks, ea
   less on the CPU than GPU launches), through numpy views of the weights (--numpy-act, `numpy_policy`); a CUDA learner
   with --no-host-actor acts with the compiled, graphed policy unit.
 - `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
-- `update`, `adam_step`: torch.func.grad and torch.optim's functional Adam, so that compiled, forward, backward,
-  clipping and the Adam step are one graph (loss.backward() and optimizer.step() would each break it).
+- `update`, `member_adam_step`: torch.func.grad and Adam's step written out with one lr per member, so that
+  compiled, forward, backward, clipping and the Adam step are one graph (loss.backward() and optimizer.step() would each break it).
 - `gae`: the recursion over numpy rows: as fast as compiled torch ops, with nothing to compile.
 - `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs),
   as in LeanRL's file; lr is a tensor changed in place (no recompilation); once all has compiled the guards are
@@ -411,10 +411,10 @@ def ppo_loss(params, agent, args, obs, actions, logprobs, advantages, returns, v
     return loss, torch.stack([approx_kl, clipfrac, pg_loss, v_loss, entropy_loss]).detach()
 
 
-def update(agent, params, optimizer, lr, coefs, args, obs, actions, logprobs, advantages, returns, values, inds):
+def update(agent, params, optimizer, coefs, args, obs, actions, logprobs, advantages, returns, values, inds):
     """One minibatch step of every member, each on its own minibatch (`inds`: (num_seeds, minibatch_size); the data
-    member first) with its own clip and entropy coefficients (`coefs`: (num_seeds, 2)) and learning rate (`lr`:
-    (num_seeds,)). Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm] per member.
+    member first) with its own clip and entropy coefficients (`coefs`: (num_seeds, 2)) and learning rate (the
+    optimizer's `lr`: (num_seeds,)). Returns [approx_kl, clipfrac, pg_loss, v_loss, entropy, grad_norm] per member.
     The base's step under torch.func.vmap: each member's gradient of its own loss, clipped by its own norm, then one
     Adam step over the stacked parameters, which is each member's own step (Adam is elementwise)."""
 
@@ -427,7 +427,7 @@ def update(agent, params, optimizer, lr, coefs, args, obs, actions, logprobs, ad
     grads, stats = torch.vmap(member_grad)(detached, coefs, obs, actions, logprobs, advantages, returns, values, inds)
     grads = [grads[name] for name in params]
     grad_norm = clip_members(grads, args.max_grad_norm)
-    adam_step(optimizer, list(params.values()), grads, lr)
+    member_adam_step(optimizer, list(params.values()), grads)
     return torch.cat([stats, grad_norm.unsqueeze(1)], 1)
 
 
@@ -443,10 +443,10 @@ def clip_members(grads: list, max_norm: float):
 
 
 def make_optimizer(params: list, lr, capturable: bool):
-    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `adam_step` steps it.
+    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `member_adam_step` steps it.
     `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
     host and CUDA graphs can replay it. `lr`: one per member, set in the param group after the constructor (which takes
-    one lr), the tensor the loop anneals in place and `adam_step` steps with."""
+    one lr), the tensor the loop anneals in place and `member_adam_step` steps with."""
     optimizer = torch.optim.Adam(params, eps=1e-5, capturable=capturable)
     optimizer.param_groups[0]["lr"] = lr
     for p in params:
@@ -455,12 +455,13 @@ def make_optimizer(params: list, lr, capturable: bool):
     return optimizer
 
 
-def adam_step(optimizer, params: list, grads: list, lr):
+def member_adam_step(optimizer, params: list, grads: list):
     """torch.optim.Adam's step (the formulas of its single-tensor path) on the optimizer's own state (see
-    make_optimizer), each member with its own learning rate: `lr` (num_seeds,) scales each member's slice. torch.optim's
-    functional adam takes one lr for all (a tensor of them only on CUDA, capturable). With the gradients from
-    torch.func.grad, a compiled update is one graph."""
+    make_optimizer), each member with its own learning rate: the param group's `lr` (num_seeds,), the tensor the loop
+    anneals in place, scales each member's slice. torch.optim's functional adam takes one lr for all (a tensor of them
+    only on CUDA, capturable). With the gradients from torch.func.grad, a compiled update is one graph."""
     group = optimizer.param_groups[0]
+    lr = group["lr"]
     beta1, beta2 = group["betas"]
     with torch.no_grad():
         for p, grad in zip(params, grads):
@@ -504,7 +505,7 @@ def main(args: Args):
     policy = functools.partial(act, agent.actor, part(inference, "actor"))
     evaluate = functools.partial(members_call, agent, inference, dim=1)  # the rollout: (num_steps, num_seeds, ...)
     get_value = functools.partial(members_call, agent.critic, part(inference, "critic"))
-    update_minibatch = functools.partial(update, agent, params, optimizer, lr, coefs, args)
+    update_minibatch = functools.partial(update, agent, params, optimizer, coefs, args)
     if args.compile:
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python on
         # a CPU (the base's max_autotune fails to compile the members' batched GEMMs in torch 2.13's inductor)

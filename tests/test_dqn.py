@@ -120,7 +120,7 @@ def update_state(tc, seed=0):
 
 def eager_update(tc, q, target, rb, optimizer, lr):
     """The `update` unit as main binds it, before the compile block."""
-    return functools.partial(tc.update, q, target, optimizer, lr, 0.99, rb.fields)
+    return functools.partial(tc.update, q, target, optimizer, 0.99, rb.fields)
 
 
 def test_update_matches_plain_autograd_step(tc):

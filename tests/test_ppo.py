@@ -125,7 +125,7 @@ def test_update_matches_eager_autograd_step(tc):
     batch = random_batch(512)
     inds = torch.randperm(512)[:128]
     for _ in range(3):  # a few steps, so Adam's moments and bias correction are exercised
-        stats = tc.update(agent, optimizer, lr, args, *batch, inds)
+        stats = tc.update(agent, optimizer, args, *batch, inds)
         loss, ref_stats = tc.ppo_loss(dict(reference.named_parameters()), reference, args, *(x[inds] for x in batch))
         ref_opt.zero_grad()
         loss.backward()
@@ -142,7 +142,7 @@ def eager_and_compiled_update(tc, make_state, batch, inds, compile):
     results = []
     for compiled in (False, True):
         agent, optimizer, lr = make_state(tc, 0)
-        update = functools.partial(tc.update, agent, optimizer, lr, tc.Args())
+        update = functools.partial(tc.update, agent, optimizer, tc.Args())
         stats = (compile(update) if compiled else update)(*batch, inds)
         results.append(
             (
@@ -282,7 +282,7 @@ def test_host_copy_acts_as_the_learner_and_refresh_brings_the_updates(tc):
     agent_inference = tc.Agent(4, 2)  # as main() builds it: the learner's storage, no autograd
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     lr = torch.tensor(0.05)
-    update = functools.partial(tc.update, agent, tc.make_optimizer(agent, lr, capturable=False), lr, tc.Args())
+    update = functools.partial(tc.update, agent, tc.make_optimizer(agent, lr, capturable=False), tc.Args())
     policy = functools.partial(tc.act, agent_inference.actor)
     batch = random_batch(512)
 
@@ -315,7 +315,7 @@ def test_numpy_policy_acts_as_torch_and_follows_the_learner(tc, tmp_path, monkey
     agent_inference = tc.Agent(4, 2)
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     lr = torch.tensor(0.05)
-    update = functools.partial(tc.update, agent, tc.make_optimizer(agent, lr, capturable=False), lr, tc.Args())
+    update = functools.partial(tc.update, agent, tc.make_optimizer(agent, lr, capturable=False), tc.Args())
     numpy_policy = tc.numpy_policy(agent_inference.actor)
     taken_once = tc.numpy_policy(copy.deepcopy(agent_inference.actor))
     rng = np.random.default_rng(0)

@@ -44,7 +44,7 @@ def assert_async_compile_matches_eager(script: str, tmp_path: Path, tol: float, 
 
 
 def learner(family: str):
-    """(module, agent, optimizer, lr, args, update(agent, optimizer, lr, batch), a minibatch) for `family`, as main
+    """(module, agent, optimizer, args, update(agent, optimizer, batch), a minibatch) for `family`, as main
     builds them, at a size that runs eagerly in a blink."""
     torch.manual_seed(0)
     if family == "classic":
@@ -56,8 +56,8 @@ def learner(family: str):
         n = 16
         batch = [torch.randn(n, 4), torch.randint(0, 2, (n,))] + [torch.randn(n) for _ in range(4)]
 
-        def step(agent, optimizer, lr, batch):
-            return m.update(agent, optimizer, lr, args, *batch, torch.arange(n))
+        def step(agent, optimizer, batch):
+            return m.update(agent, optimizer, args, *batch, torch.arange(n))
 
     else:
         m = load_script("ppo_atari_envpool_compile_async_torchcompile")
@@ -69,12 +69,12 @@ def learner(family: str):
         batch = [torch.randint(0, 256, (n, 4, 84, 84), dtype=torch.uint8), torch.randint(0, 4, (n,))]
         batch += [torch.randn(n) for _ in range(4)]
 
-        def step(agent, optimizer, lr, batch):
+        def step(agent, optimizer, batch):
             return m.update(agent, optimizer, args, *batch)
 
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
-    return m, agent, optimizer, lr, args, step, batch
+    return m, agent, optimizer, args, step, batch
 
 
 def twin_units(m, family: str, twin, args):
@@ -102,18 +102,19 @@ def test_the_compiled_twin_takes_over_the_training_state(family, updates_before)
     of each learner gives the same parameters and Adam state, bit for bit: parameters, moments, step counts and lr
     all handed over (the swap at iteration 1, before any update, included: Atari's Adam has no state yet then).
     force_eager runs the compiled units' own Python, so nothing compiles here."""
-    m, agent, optimizer, lr, args, step, batch = learner(family)
+    m, agent, optimizer, args, step, batch = learner(family)
     twin = copy.deepcopy(agent)  # as compile_in_background does when the run starts
+    lr = optimizer.param_groups[0]["lr"]
     lr.fill_(1e-3)  # the loop anneals its lr tensor: the twin's must follow
     for _ in range(updates_before):
-        step(agent, optimizer, lr, batch)
+        step(agent, optimizer, batch)
     before = state_of(agent, optimizer)
     with torch.compiler.set_stance("force_eager"):
         units = twin_units(m, family, twin, args)
         assert all(torch.equal(a, b) for a, b in zip(state_of(agent, optimizer), before, strict=True))
         assert not set(map(id, units["agent"].parameters())) & set(map(id, agent.parameters()))
         m.load_units(units, agent, optimizer)
-        step(agent, optimizer, lr, batch)
+        step(agent, optimizer, batch)
         units["update_minibatch"](*batch, *([torch.arange(len(batch[0]))] if family == "classic" else []))
     assert units["lr"] == lr
     for a, b in zip(state_of(agent, optimizer), state_of(units["agent"], units["optimizer"]), strict=True):

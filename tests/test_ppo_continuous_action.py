@@ -340,7 +340,7 @@ def test_update_matches_autograd_with_torch_distributions(base, tc):
     obs, actions, logprobs, advantages, returns, values = random_batch(256)
     inds = torch.randperm(256)[:64]
     for _ in range(3):  # a few steps, so Adam's moments and bias correction are exercised
-        stats = tc.update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, returns, values, inds)
+        stats = tc.update(agent, optimizer, args, obs, actions, logprobs, advantages, returns, values, inds)
         _, newlogprob, entropy, newvalue = reference.get_action_and_value(obs[inds], actions[inds])
         ratio = (newlogprob - logprobs[inds]).exp()
         adv = (advantages[inds] - advantages[inds].mean()) / (advantages[inds].std() + 1e-8)
@@ -489,7 +489,7 @@ def test_host_copy_acts_as_the_learner_and_refresh_brings_the_updates(tc, tmp_pa
     assert is_current_copy(acting, agent.actor_mean)
     assert_same_buffers(cheetah_rollout(tc, acting), cheetah_rollout(tc, learner_actor))
     lr = torch.tensor(0.01)  # a few large steps
-    update = functools.partial(tc.update, agent, tc.make_optimizer(agent, lr, capturable=False), lr, tc.Args())
+    update = functools.partial(tc.update, agent, tc.make_optimizer(agent, lr, capturable=False), tc.Args())
     batch = random_batch(256)
     for _ in range(3):
         update(*batch, torch.randperm(256)[:64])
@@ -526,7 +526,7 @@ def test_a_cuda_learner_acts_with_a_host_copy_that_refresh_actor_brings_up_to_da
 
     np.testing.assert_allclose(policy(obs, noise), learner_actions(), rtol=0, atol=1e-5)
     lr = torch.tensor(0.01)
-    update = functools.partial(tc.update, agent, tc.make_optimizer(agent, lr, capturable=False), lr, tc.Args())
+    update = functools.partial(tc.update, agent, tc.make_optimizer(agent, lr, capturable=False), tc.Args())
     batch = random_batch(256)
     for _ in range(3):
         update(*batch, torch.randperm(256)[:64])
@@ -564,7 +564,7 @@ def test_numpy_units_match_torch_and_follow_the_learner(tc, tmp_path):
     before = torch_actions()
     np.testing.assert_allclose(policy(obs, noise), before, atol=1e-5)
     lr = torch.tensor(0.01)
-    update = functools.partial(tc.update, agent, tc.make_optimizer(agent, lr, capturable=False), lr, tc.Args())
+    update = functools.partial(tc.update, agent, tc.make_optimizer(agent, lr, capturable=False), tc.Args())
     batch = random_batch(256)
     for _ in range(3):
         update(*batch, torch.randperm(256)[:64])

@@ -102,7 +102,7 @@ def split(idiom: str, options, unit):
 def ppo_units(mod, idiom, options):
     step = step_with(idiom, options)
 
-    def update(agent, optimizer, lr, args, obs, actions, logprobs, advantages, returns, values, inds):
+    def update(agent, optimizer, args, obs, actions, logprobs, advantages, returns, values, inds):
         params = dict(agent.named_parameters())
         loss, stats = mod.ppo_loss(
             params, agent, args, obs[inds], actions[inds], logprobs[inds], advantages[inds], returns[inds], values[inds]
@@ -119,7 +119,7 @@ def ppo_units(mod, idiom, options):
 def dqn_units(mod, idiom, options, atari: bool):
     step = step_with(idiom, options)
 
-    def update(q_network, target_network, optimizer, lr, gamma, fields, inds):
+    def update(q_network, target_network, optimizer, gamma, fields, inds):
         if atari:
             obs = mod.stacks(fields, inds)
             next_obs = mod.stacks(fields, (inds + 1) % fields["frames"].shape[0])
@@ -146,7 +146,6 @@ def td3_units(mod, idiom, options):
         q_params,
         q_target,
         optimizer,
-        lr,
         args,
         obs,
         actions,
@@ -173,7 +172,7 @@ def td3_units(mod, idiom, options):
         step(optimizer)
         return torch.cat([qf_losses, q_a_values[0].mean().view(1)]).detach()
 
-    def update_actor(actor, qnet, q_params, optimizer, lr, args, obs):
+    def update_actor(actor, qnet, q_params, optimizer, args, obs):
         q1_data = {name: p.detach()[0] for name, p in q_params.items()}
         with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=args.bf16):
             q1 = torch.func.functional_call(qnet, q1_data, (obs, actor(obs)))
@@ -196,7 +195,6 @@ def sac_units(mod, idiom, options):
         q_target,
         log_alpha,
         optimizer,
-        lr,
         args,
         obs,
         actions,
@@ -220,9 +218,7 @@ def sac_units(mod, idiom, options):
         step(optimizer)
         return torch.cat([qf_losses, q_a_values[0].mean().view(1)]).detach()
 
-    def update_actor(
-        actor, qnet, q_params, log_alpha, actor_optimizer, a_optimizer, policy_lr, q_lr, args, obs, noise, alpha_noise
-    ):
+    def update_actor(actor, qnet, q_params, log_alpha, actor_optimizer, a_optimizer, args, obs, noise, alpha_noise):
         q_data = {name: p.detach() for name, p in q_params.items()}
         with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=args.bf16):
             pi, log_pi = actor(obs, noise)
