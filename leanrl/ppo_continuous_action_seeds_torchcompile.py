@@ -29,7 +29,8 @@ the base's tricks remove machinery. Each in the function that holds it (doc/cont
   step); the reward scaling of a whole rollout is done at once from cumulative sums (`Normalizer.rewards`).
 - `gae`: the deltas in torch, the recursion over numpy rows on the host.
 - `update`, `member_adam_step`: torch.func.grad and Adam's step written out with one lr per member, so that
-  compiled, forward, backward, clipping and the Adam step are one graph (loss.backward() and optimizer.step() would each break it).
+  compiled, forward, backward, clipping and the Adam step are one graph (loss.backward() and optimizer.step() would
+  each break it).
 - `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs),
   as in LeanRL's file; lr is a tensor changed in place (no recompilation); once all has compiled the guards are
   skipped.

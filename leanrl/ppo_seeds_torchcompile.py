@@ -22,7 +22,8 @@ The algorithm, network and defaults of ppo.py (CleanRL's). The base's tricks, ea
   with --no-host-actor acts with the compiled, graphed policy unit.
 - `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
 - `update`, `member_adam_step`: torch.func.grad and Adam's step written out with one lr per member, so that
-  compiled, forward, backward, clipping and the Adam step are one graph (loss.backward() and optimizer.step() would each break it).
+  compiled, forward, backward, clipping and the Adam step are one graph (loss.backward() and optimizer.step() would
+  each break it).
 - `gae`: the recursion over numpy rows: as fast as compiled torch ops, with nothing to compile.
 - `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs),
   as in LeanRL's file; lr is a tensor changed in place (no recompilation); once all has compiled the guards are
