@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 import plumbing
@@ -442,3 +443,153 @@ def test_an_unwritable_out_is_refused_before_reading_the_runs(tmp_path):
     runs.mkdir()
     (tmp_path / "a_file").write_text("")
     assert_user_error(report(runs, tmp_path / "a_file" / "doc"), "--out", "a_file")
+
+
+# CleanRL's published CartPole figure (report.py's CLEANRL table): within its mean ± 2 std is 477.80 to 502.28
+CARTPOLE_MEAN = 490.04
+
+
+@pytest.fixture
+def report_module(monkeypatch):
+    monkeypatch.syspath_prepend(ROOT / "leanrl" / "tools")
+    import report as report_module
+
+    return report_module
+
+
+def write_rows(path, rows):
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def update_summary(path, **fields):
+    summary = json.loads((path / "summary.json").read_text())
+    (path / "summary.json").write_text(json.dumps(dict(summary, **fields)))
+
+
+# a run stopped twice and resumed: each process logs `time` from its own start (10, 20, 30 | 4, 14 | 3, 13)
+RESUMED = [
+    (1000, 10.0, 100.0),
+    (2000, 20.0, 300.0),
+    (3000, 30.0, 400.0),
+    (4000, 4.0, 480.0),
+    (5000, 14.0, 495.0),
+    (6000, 3.0, 500.0),
+    (7000, 13.0, 500.0),
+]
+
+
+def test_cleanrl_time_to_score_adds_up_a_resumed_run(report_module):
+    """The wall time to CleanRL's mean counts every segment of a resumed run (30 s, then 14 s into the second), at the
+    env step of the first logged return at or above it; a run that never gets there has not reached it."""
+    rows = [dict(global_step=step, time=t, episodic_return=r) for step, t, r in RESUMED]
+    assert report_module.time_to_score(rows, CARTPOLE_MEAN) == (5000, 44.0)
+    assert report_module.time_to_score(rows, 400.0) == (3000, 30.0)
+    assert report_module.time_to_score(rows, 500.01) == (None, None)
+    assert report_module.elapsed(rows) == 30.0 + 14.0 + 13.0
+
+
+def test_cleanrl_a_seeds_run_is_one_run_per_member_on_the_program_clock(tmp_path, report_module):
+    """A seeds-script run (CLEANRL=1's --compile of classic and mujoco) is one row of the table per member; each
+    member's time to CleanRL's score is the whole program's wall time (they train together), and a footnote says so."""
+    runs = tmp_path / "runs"
+    run = runs / "classic/03-compile/1"
+    fake_run(run, "CartPole-v1", 500000, 5000, 495.0, script="ppo_seeds_torchcompile")
+    update_summary(run, members=[dict(seed=1, final_return=495.0), dict(seed=2, final_return=300.0)])
+    rows = [
+        dict(
+            ROW,
+            global_step=step,
+            time=t,
+            episodic_return=r,
+            members=[{"episodic_return": r}, {"episodic_return": 0.5 * r}],
+        )
+        for step, t, r in RESUMED
+    ]
+    write_rows(run, rows)
+    (compile_config,) = report_module.load(runs)["classic"].values()
+    assert [s["seed"] for s, _ in compile_config.runs] == [1, 2]
+    (_, first), (_, second) = compile_config.runs
+    assert report_module.time_to_score(first, CARTPOLE_MEAN) == (5000, 44.0)
+    assert report_module.time_to_score(second, 245.0) == (5000, 44.0)  # half the returns: the same row
+    out = tmp_path / "doc"
+    out.mkdir()
+    report_module.cleanrl_report(report_module.Args(runs=runs, out=out, cleanrl=True), report_module.load(runs))
+    text = (out / "learning_cleanrl.md").read_text()
+    assert "| 1: 0.7 min at 5,000 steps†, 2: not reached |" in text
+    assert (
+        "† ppo_seeds_torchcompile trains its seeds together in one program: a seed's wall time is the program's."
+        in text
+    )
+
+
+def test_cleanrl_verdict_at_its_edges(report_module):
+    """Within CleanRL's mean ± 2 std, ends included (80 to 120 for 100 ± 10), else below or above; no finished run,
+    no verdict."""
+    published = report_module.Published("ppo.py", "CartPole-v1", 1000, 100.0, 10.0, None)
+    assert report_module.cleanrl_verdict([80.0], published) == "within"
+    assert report_module.cleanrl_verdict([79.9], published) == "below"
+    assert report_module.cleanrl_verdict([70.0, 90.0], published) == "within"
+    assert report_module.cleanrl_verdict([120.0], published) == "within"
+    assert report_module.cleanrl_verdict([120.1], published) == "above"
+    assert report_module.cleanrl_verdict([], published) == "no finished run yet"
+
+
+def test_cleanrl_a_run_in_progress_is_left_out_of_the_verdict(tmp_path, report_module):
+    """A run stopped before its budget (SIGTERM: summary.json with interrupted) shows where it is, and only the
+    finished runs count: 1's 495 is within, 2's 10 would have pulled the mean below."""
+    runs = tmp_path / "runs"
+    fake_run(runs / "classic/01-baseline/1", "CartPole-v1", 500000, 1000, 495.0)
+    fake_run(runs / "classic/01-baseline/2", "CartPole-v1", 500000, 1000, 10.0)
+    update_summary(runs / "classic/01-baseline/2", interrupted=True, global_step=40960)
+    fake_run(runs / "td3/03-compile/1", "HalfCheetah-v4", 1000000, 100, 2000.0, script="td3_continuous_action")
+    update_summary(runs / "td3/03-compile/1", interrupted=True, global_step=250000)
+    data = report_module.load(runs)
+    table = report_module.cleanrl_table(data["classic"], report_module.CLEANRL["classic"])
+    row = next(line for line in table if line.startswith("| `baseline` |"))
+    assert "| 495.0 ± 0.0 (n=1) | 1: 495.0, 2: in progress at step 40,960 | 490.04 ± 6.12 | within |" in row
+    (row,) = [
+        line for line in report_module.cleanrl_table(data["td3"], report_module.CLEANRL["td3"]) if "`compile`" in line
+    ]
+    assert "| - | 1: in progress at step 250,000 | 9583.22 ± 126.09 | no finished run yet |" in row
+
+
+def test_cleanrl_page_and_plots(tmp_path, report_module, monkeypatch, capsys):
+    """--cleanrl writes learning_cleanrl.md (header, the rule, a section per family) and cleanrl_<family>.png, and
+    prints the README's lines; a family run at less than CleanRL's budget says its verdict is a lower bound."""
+    runs = tmp_path / "runs"
+    out = tmp_path / "doc"
+    for seed, final in ((1, 480.0), (2, 500.0)):
+        fake_run(runs / "classic/01-baseline" / str(seed), "CartPole-v1", 500000, 1000, final)
+        fake_run(runs / "classic/03-compile" / str(seed), "CartPole-v1", 500000, 3000, final, script="ppo_torchcompile")
+    fake_run(runs / "atari/03-compile/1", "Breakout-v5", 2000000, 300, 50.0, script="ppo_atari_envpool_torchcompile")
+    monkeypatch.setattr(sys, "argv", ["report.py", str(runs), "--out", str(out), "--cleanrl"])
+    report_module.main()
+    text = (out / "learning_cleanrl.md").read_text()
+    lines = text.splitlines()
+    assert lines[0] == "# Learning at CleanRL's budgets, beside CleanRL's published results"
+    assert "- machine: Test CPU (2 cores), GPU: none, torch 2.13.0+cpu" in lines
+    assert "- seeds: 1, 2" in lines
+    assert "- steps per run: classic 500,000 (CleanRL's 500,000); atari 2,000,000 (CleanRL's 10,000,000)" in lines
+    assert "lies within CleanRL's mean ± 2 std" in text
+    assert "## classic: CartPole-v1 (CleanRL's ppo.py)" in lines
+    assert "## atari: Breakout-v5 (CleanRL's ppo_atari_envpool.py)" in lines
+    assert "| 490.0 ± 14.1 (n=2) | 1: 480.0, 2: 500.0 | 490.04 ± 6.12 | within |" in text
+    assert (
+        "| 50.0 ± 0.0 (n=1) | 1: 50.0 | 211.24 ± 151.84 | within (a lower bound: 2,000,000 of 10,000,000 steps) |"
+        in text
+    )
+    assert "compares a shorter run against CleanRL's 10,000,000-step figure" in text
+    for png in ("cleanrl_classic.png", "cleanrl_atari.png"):
+        assert (out / png).stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "| family | CleanRL | ours (compile) | ours (baseline) | time to CleanRL's score |" in printed
+    assert (
+        "| classic (CartPole-v1, 500k) | 490.04 ± 6.12 | 490.0 ± 14.1 (n=2), within | 490.0 ± 14.1 (n=2), within |"
+        in printed
+    )
+    assert "| atari (Breakout-v5, 2M of CleanRL's 10M) | 211.24 ± 151.84 |" in printed
+    # the two pages are different reports of different sweeps
+    monkeypatch.setattr(sys, "argv", ["report.py", str(runs), "--out", str(out), "--cleanrl", "--learning"])
+    with pytest.raises(SystemExit) as stopped:
+        report_module.main()
+    assert stopped.value.code == 2

@@ -1,8 +1,11 @@
 """Turn run.sh's runs into the fps comparison: doc/fps_table.md, doc/fps.png and doc/returns_<family>.png; or, with
---learning, into the learning evidence of `LEARN=1 bash run.sh`: doc/learning.md and doc/learning_<family>.png.
+--learning, into the learning evidence of `LEARN=1 bash run.sh`: doc/learning.md and doc/learning_<family>.png; or,
+with --cleanrl, into the runs of `CLEANRL=1 bash run.sh` beside CleanRL's published results: doc/learning_cleanrl.md
+and doc/cleanrl_<family>.png.
 
     python leanrl/tools/report.py runs/bench --out doc
     python leanrl/tools/report.py runs/learn --out doc --learning
+    python leanrl/tools/report.py runs/cleanrl --out doc --cleanrl
 
 A run lives in RUNS/<family>/<NN-configuration>/<seed>/ with the summary.json and metrics.jsonl that every
 training script writes. The two-digit prefix orders the columns across families (01 is the baseline), so a
@@ -19,6 +22,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import matplotlib
 import tyro
@@ -46,10 +50,36 @@ SUMMARY_KEYS = {
 ROW_KEYS = {"global_step", "time", "episodic_return"}
 
 
+@dataclass(frozen=True)
+class Published:
+    """CleanRL's published result for one script: its final episodic return (mean ± std over CleanRL's seeds) at its
+    budget, and the runtime of one run on CleanRL's machine (None where CleanRL does not publish it)."""
+
+    script: str
+    env_id: str
+    steps: int
+    mean: float
+    std: float
+    minutes: Optional[float]
+
+
+# CleanRL's benchmark tables (docs.cleanrl.dev, each algorithm's page), made by openrlbenchmark from the runs tagged
+# pr-424; keyed by run.sh's families
+CLEANRL = {
+    "classic": Published("ppo.py", "CartPole-v1", 500_000, 490.04, 6.12, 10.5),
+    "dqn": Published("dqn.py", "CartPole-v1", 500_000, 488.69, 16.11, None),
+    "mujoco": Published("ppo_continuous_action.py", "HalfCheetah-v4", 1_000_000, 1442.64, 46.03, 25.4),
+    "td3": Published("td3_continuous_action.py", "HalfCheetah-v4", 1_000_000, 9583.22, 126.09, 87.4),
+    "sac": Published("sac_continuous_action.py", "HalfCheetah-v4", 1_000_000, 9634.89, 1423.73, 174.8),
+    "atari": Published("ppo_atari_envpool.py", "Breakout-v5", 10_000_000, 211.24, 151.84, 151.4),
+}
+
+
 @dataclass
 class Args:
     """Turn run.sh's runs into the fps comparison (doc/fps_table.md, doc/fps.png, doc/returns_<family>.png) or, with
-    --learning, into doc/learning.md and doc/learning_<family>.png."""
+    --learning, into doc/learning.md and doc/learning_<family>.png, or, with --cleanrl, into doc/learning_cleanrl.md and
+    doc/cleanrl_<family>.png."""
 
     runs: tyro.conf.Positional[Path]
     """the sweep's output folder (run.sh's OUT), holding <family>/<NN-configuration>/<seed>/ runs"""
@@ -58,6 +88,9 @@ class Args:
     learning: bool = False
     """write learning.md and learning_<family>.png (the final returns against the baseline's seeds) instead of the fps
     table: for the runs of `LEARN=1 bash run.sh`"""
+    cleanrl: bool = False
+    """write learning_cleanrl.md and cleanrl_<family>.png (the final returns and the time to reach CleanRL's published
+    return) instead of the fps table, and print the README's lines: for the runs of `CLEANRL=1 bash run.sh`"""
 
 
 @dataclass
@@ -519,6 +552,249 @@ def learning_report(args: Args, data: dict):
     print(f"wrote {page} and the learning plots")
 
 
+def cumulative(rows: list) -> list:
+    """The rows with `time` counted from the run's first start. Each process of a resumed run logs the seconds since
+    its own start, so where `time` drops a new process began, and the time of the one before (its last row) is added:
+    the pause between them and the steps the stopped process logged past its checkpoint (dropped on resume) are not
+    counted."""
+    offset = 0.0
+    last = 0.0
+    counted = []
+    for row in rows:
+        if row["time"] < last:
+            offset += last
+        last = row["time"]
+        counted.append(dict(row, time=offset + row["time"]))
+    return counted
+
+
+def time_to_score(rows: list, score: float):
+    """(env step, wall time in seconds) of the first logged return at or above `score`; (None, None) if none is."""
+    return first_reaching(cumulative(rows), score)
+
+
+def elapsed(rows: list) -> float:
+    """The run's wall time up to its last log line, every process of a resumed run counted."""
+    return cumulative(rows)[-1]["time"]
+
+
+def in_progress(summary: dict) -> bool:
+    """A run stopped before its budget (Ctrl-C, SIGTERM), which the next `CLEANRL=1 bash run.sh` resumes. A PPO run that
+    ended by itself stops at its last whole batch, short of total_timesteps: `interrupted` tells them apart."""
+    return summary["interrupted"]
+
+
+def cleanrl_verdict(finals: list, published: Published) -> str:
+    """The rule in learning_cleanrl.md's caption: the mean final return of the finished runs against CleanRL's mean
+    ± 2 std."""
+    if not finals:
+        return "no finished run yet"
+    mean = statistics.mean(finals)
+    if mean < published.mean - 2 * published.std:
+        return "below"
+    if mean > published.mean + 2 * published.std:
+        return "above"
+    return "within"
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def shared_clock(summary: dict) -> str:
+    """The footnote mark of a seeds-script member, whose wall time is the whole program's."""
+    return "†" if "members" in summary else ""
+
+
+def finished_finals(config: Config) -> list:
+    return [s["final_return"] for s, _ in config.runs if not in_progress(s) and s["final_return"] is not None]
+
+
+def our_steps(configs: dict) -> int:
+    return max(s["total_timesteps"] for c in configs.values() for s, _ in c.runs)
+
+
+def cleanrl_cell(published: Published) -> str:
+    return f"{published.mean:.2f} ± {published.std:.2f}"
+
+
+def family_verdict(config: Config, published: Published, steps: int) -> str:
+    """The verdict, and where the runs stop short of CleanRL's budget, that it is a lower bound."""
+    verdict = cleanrl_verdict(finished_finals(config), published)
+    if steps < published.steps and finished_finals(config):
+        verdict += f" (a lower bound: {steps:,} of {published.steps:,} steps)"
+    return verdict
+
+
+def cleanrl_table(configs: dict, published: Published) -> list:
+    """Per configuration: the final returns of the finished runs beside CleanRL's, the verdict, each seed's wall time
+    and env step to CleanRL's mean, and its wall time in all."""
+    head = [
+        "configuration",
+        "script",
+        "final return (mean ± std of the finished runs)",
+        "each seed (seed: final return)",
+        "CleanRL (mean ± std)",
+        "verdict",
+        f"time to {published.mean:.2f} (seed: wall time at env step)",
+        "wall time (each seed)",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---|---:|---|---|---|"]
+    steps = our_steps(configs)
+    for name, c in configs.items():
+        if not c.runs:
+            continue
+        seeds_cells = []
+        times = []
+        walls = []
+        for s, rows in sorted(c.runs, key=lambda run: run[0]["seed"]):
+            mark = shared_clock(s)
+            if in_progress(s):
+                seeds_cells.append(f"{s['seed']}: in progress at step {s['global_step']:,}")
+            else:
+                seeds_cells.append(f"{s['seed']}: {fmt(s['final_return'], '.1f')}")
+            step, seconds = time_to_score(rows, published.mean)
+            reached = f"{minutes(seconds)} at {step:,} steps{mark}" if step is not None else "not reached"
+            times.append(f"{s['seed']}: {reached}")
+            walls.append(f"{s['seed']}: {minutes(elapsed(rows))}{mark}" if rows else f"{s['seed']}: -")
+        finals = finished_finals(c)
+        cells = [
+            f"`{column_name(name)}`",
+            ", ".join(sorted({f"`{s['script']}`" for s, _ in c.runs})),
+            mean_spread(finals),
+            ", ".join(seeds_cells),
+            cleanrl_cell(published),
+            family_verdict(c, published, steps),
+            ", ".join(times),
+            ", ".join(walls),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot_cleanrl(family: str, configs: dict, published: Published, out: Path) -> str:
+    """Returns against environment steps, a colour per configuration and a line per seed, below CleanRL's final mean
+    (dashed) and its ± std (shaded)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (name, c) in enumerate(configs.items()):
+        for j, (_, rows) in enumerate(c.runs):
+            pts = [(r["global_step"], r["episodic_return"]) for r in rows if r["episodic_return"] is not None]
+            label = column_name(name) if j == 0 else None
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=f"C{i}", alpha=0.7, lw=0.8, label=label)
+    label = f"CleanRL's {published.script} at {published.steps:,} steps: {cleanrl_cell(published)}"
+    ax.axhline(published.mean, color="black", ls="--", lw=0.8, label=label)
+    ax.axhspan(published.mean - published.std, published.mean + published.std, color="grey", alpha=0.2)
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("episodic return (last 20 episodes)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{family}: {first_summary(configs)['env_id']}, a line per seed")
+    fig.tight_layout()
+    name = f"cleanrl_{family}.png"
+    fig.savefig(out / name, dpi=100)
+    plt.close(fig)
+    return name
+
+
+def short_steps(steps: int) -> str:
+    return f"{steps / 1e6:g}M" if steps >= 1_000_000 else f"{steps / 1e3:g}k"
+
+
+def readme_lines(data: dict) -> list:
+    """The README's table: per family CleanRL's result, ours with --compile and without, and the median time to
+    CleanRL's mean over the seeds that reached it."""
+    lines = [
+        "| family | CleanRL | ours (compile) | ours (baseline) | time to CleanRL's score |",
+        "|---|---:|---:|---:|---|",
+    ]
+    shared = False
+    for family, configs in data.items():
+        published = CLEANRL[family]
+        steps = our_steps(configs)
+        budget_cell = short_steps(steps)
+        if steps < published.steps:
+            budget_cell += f" of CleanRL's {short_steps(published.steps)}"
+        cells = [f"{family} ({first_summary(configs)['env_id']}, {budget_cell})", cleanrl_cell(published)]
+        times = []
+        for name in ("03-compile", "01-baseline"):
+            c = configs.get(name)
+            if c is None or not c.runs:
+                cells.append("not run")
+                continue
+            finals = finished_finals(c)
+            cells.append(f"{mean_spread(finals)}, {cleanrl_verdict(finals, published)}" if finals else "in progress")
+            seconds = [time_to_score(rows, published.mean)[1] for _, rows in c.runs]
+            reached = [t for t in seconds if t is not None]
+            mark = shared_clock(c.runs[0][0])
+            shared = shared or bool(mark)
+            median = f"{minutes(statistics.median(reached))}{mark}" if reached else "not reached"
+            times.append(f"{column_name(name)} {median} ({len(reached)} of {len(c.runs)} seeds)")
+        cells.append(", ".join(times))
+        lines.append("| " + " | ".join(cells) + " |")
+    if shared:
+        lines += ["", "† the seeds train together in one program: the time is the program's."]
+    return lines
+
+
+def cleanrl_report(args: Args, data: dict):
+    for family in data.keys() - CLEANRL.keys():
+        print(f"warning: {family}: no CleanRL result in report.py's CLEANRL table, left out", file=sys.stderr)
+    # in run.sh's order for CLEANRL=1, the order of CleanRL's table
+    ran = {f: data[f] for f in CLEANRL if f in data and any(c.runs for c in data[f].values())}
+    # asked before the plots are written: a page written into the checkout's doc/ would make the tree look changed
+    wrote = commit()
+    today = datetime.date.today().isoformat()
+    steps = "; ".join(f"{f} {our_steps(c):,} (CleanRL's {CLEANRL[f].steps:,})" for f, c in ran.items())
+    lines = [
+        "# Learning at CleanRL's budgets, beside CleanRL's published results",
+        "",
+        f"Written by `python leanrl/tools/report.py {args.runs} --cleanrl` (the last step of `CLEANRL=1 bash run.sh`) "
+        f"on {today}, from the runs under {args.runs}:",
+        "",
+        f"- commit: {wrote}, the checkout that wrote this page",
+        f"- machine: {hardware(ran)}",
+        f"- newest run: {finished(args.runs.glob('*/*/*/summary.json'))}, the day it finished or stopped",
+        f"- seeds: {', '.join(str(seed) for seed in seeds(ran))}",
+        f"- steps per run: {steps}",
+        "",
+        "CleanRL: the final episodic return (mean ± std over CleanRL's seeds) and the runtime of one run on CleanRL's "
+        "machine, from CleanRL's benchmark tables (openrlbenchmark, the runs tagged pr-424). "
+        "Final return: the mean episodic return of the last 20 episodes when the run ended (summary.json's "
+        "`final_return`). "
+        "Verdict: `within` when the mean final return of our finished runs lies within CleanRL's mean ± 2 std (ends "
+        "included), otherwise `below` or `above`. A run stopped before its budget shows `in progress at step N` and "
+        "is left out of the verdict; the next `CLEANRL=1 bash run.sh` resumes it. "
+        "Time to CleanRL's score: per seed, the wall time (compiling included) and the env step at which the logged "
+        "episodic return (the same mean of the last 20 episodes) first reaches CleanRL's mean; a run stopped and "
+        "resumed counts the time of each of its processes, not the pauses between them.",
+        "",
+    ]
+    for family, configs in ran.items():
+        published = CLEANRL[family]
+        ours = our_steps(configs)
+        lines += [f"## {family}: {published.env_id} (CleanRL's {published.script})", ""]
+        runtime = f"{published.minutes} min a run on CleanRL's machine" if published.minutes else "not published"
+        lines += [f"Steps per run: ours {ours:,}, CleanRL's {published.steps:,}. CleanRL's runtime: {runtime}.", ""]
+        if ours < published.steps:
+            lines += [
+                f"Our runs stop at {ours:,} steps: the verdict compares a shorter run against CleanRL's "
+                f"{published.steps:,}-step figure, a lower bound of what they would reach at CleanRL's budget.",
+                "",
+            ]
+        lines += cleanrl_table(configs, published)
+        scripts = sorted({s["script"] for c in configs.values() for s, _ in c.runs if shared_clock(s)})
+        # a blank line first: a line right below a table would be read as one more row
+        lines += [""] * bool(scripts) + [
+            f"† {script} trains its seeds together in one program: a seed's wall time is the program's."
+            for script in scripts
+        ]
+        lines += ["", f"![{family} returns]({plot_cleanrl(family, configs, published, args.out)})", ""]
+    page = args.out / "learning_cleanrl.md"
+    page.write_text("\n".join(lines))
+    print(f"wrote {page} and the CleanRL plots; the README's lines:\n")
+    print("\n".join(readme_lines(ran)))
+
+
 def main():
     args = plumbing.parse_args(Args)
     if not args.runs.is_dir():
@@ -528,11 +804,15 @@ def main():
         tempfile.TemporaryFile(dir=args.out).close()
     except OSError as e:
         plumbing.fail(f"--out {args.out}: cannot write there ({e.strerror or e})")
+    if args.learning and args.cleanrl:
+        plumbing.fail("--learning and --cleanrl write different pages from different sweeps: give one of them")
     data = load(args.runs)
     if not any(cfg.runs for configs in data.values() for cfg in configs.values()):
         plumbing.fail(f"no finished runs under {args.runs} (expected <family>/<NN-configuration>/<seed>/summary.json)")
     if args.learning:
         learning_report(args, data)
+    elif args.cleanrl:
+        cleanrl_report(args, data)
     else:
         fps_report(args, {f: c for f, c in data.items() if any(cfg.runs for cfg in c.values())})
 
