@@ -22,7 +22,7 @@
 # and doc/learning_<family>.png. Steps per run: classic and
 # dqn 500k, atari 400k, mujoco 200k, sac and td3 100k (their own learning_starts). dqn_atari needs CleanRL's 10M
 # steps (learning from step 80k), out of reach on 2 cores: skipped unless DQN_ATARI_STEPS=10000000 is given.
-# CLEANRL=1: CleanRL's own budgets, to set beside CleanRL's published benchmark table (doc/cleanrl.md): the baseline
+# CLEANRL=1: CleanRL's own budgets, beside CleanRL's published benchmark table (doc/learning_cleanrl.md): the baseline
 # and --compile of classic, dqn and mujoco (CartPole 500k, DQN CartPole 500k, HalfCheetah 1M; SEEDS default
 # "1 2 3 4 5", --compile's seeds as one seeds-script run where the family has one), --compile of td3 and sac (1M)
 # and the baseline and --compile of atari (Breakout, ATARI_STEPS, default 2000000 of CleanRL's 10M), these three with
