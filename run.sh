@@ -39,7 +39,11 @@ set -euo pipefail
 cd "$(dirname "$0")"
 LEARN=${LEARN:-0}
 CLEANRL=${CLEANRL:-0}
-if [ "$CLEANRL" = 1 ]; then FAMILIES=${*:-classic dqn mujoco td3 sac atari}; else FAMILIES=${*:-classic atari mujoco sac td3 dqn dqn_atari}; fi
+if [ "$CLEANRL" = 1 ]; then
+  FAMILIES=${*:-classic dqn mujoco td3 sac atari}
+else
+  FAMILIES=${*:-classic atari mujoco sac td3 dqn dqn_atari}
+fi
 for f in $FAMILIES; do
   case $f in classic|atari|mujoco|sac|td3|dqn|dqn_atari|teacher) ;;
     *) echo "error: unknown family '$f' (classic, atari, mujoco, sac, td3, dqn, dqn_atari or teacher)" >&2; exit 2 ;; esac
