@@ -276,7 +276,7 @@ def test_mask_mode_zeroes_what_structural_removes_and_masks_survive_updates():
         torch.randn(256, generator=g),
     ]
     for _ in range(3):
-        m.update(masked, masked_opt, lr, args, *batch, torch.arange(256))
+        m.update(masked, masked_opt, args, *batch, torch.arange(256))
     for layer, old in zip(hidden, before):
         mask = layer.parametrizations.weight[0].mask
         assert torch.all(layer.weight[mask == 0] == 0)  # the functional update trains through the masks

@@ -162,7 +162,7 @@ def test_teacher_update_matches_eager_reference(ts):
     minibatches = torch.randperm(256, generator=torch.Generator().manual_seed(2)).view(4, -1)
     teacher = make_teacher(ts, 0)
     lr = torch.tensor(args.learning_rate)
-    unit = functools.partial(ts.update, teacher, ts.make_optimizer(teacher, lr, capturable=False), lr, args)
+    unit = functools.partial(ts.update, teacher, ts.make_optimizer(teacher, lr, capturable=False), args)
     stats = script_teacher_steps(
         ts, teacher, args, obs, actions, student_logprobs, advantages, returns, minibatches, unit
     )
@@ -198,7 +198,7 @@ def test_compiled_units_run_each_networks_graph(ts):
         units = []
         for net in nets:
             lr = torch.tensor(args.learning_rate)
-            unit = functools.partial(ts.update, net, ts.make_optimizer(net, lr, capturable=False), lr, args)
+            unit = functools.partial(ts.update, net, ts.make_optimizer(net, lr, capturable=False), args)
             units.append(torch.compile(unit, backend="eager", dynamic=False) if compiled else unit)
         out = []
         for step, inds in enumerate(minibatches):

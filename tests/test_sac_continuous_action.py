@@ -125,9 +125,7 @@ def sac_units(tc, compiled=False, **flags):
         q_target=q_target,
         log_alpha=log_alpha,
         policy=bind(tc.act, compiled, actor_inference),
-        update_critic=bind(
-            tc.update_critic, compiled, actor, qnet, q_params, q_target, log_alpha, q_optimizer, q_lr, args
-        ),
+        update_critic=bind(tc.update_critic, compiled, actor, qnet, q_params, q_target, log_alpha, q_optimizer, args),
         update_actor=bind(
             tc.update_actor,
             compiled,
@@ -137,8 +135,6 @@ def sac_units(tc, compiled=False, **flags):
             log_alpha,
             actor_optimizer,
             a_optimizer,
-            policy_lr,
-            q_lr,
             args,
         ),
         update_targets=bind(tc.update_targets, compiled, q_target, q_params, args.tau),

@@ -51,8 +51,8 @@ def td3_units(tc, compiled=False, **flags):
         q_params=q_params,
         q_target=q_target,
         policy=bind(tc.act, compiled, actor_inference, args.exploration_noise),
-        update_critic=bind(tc.update_critic, compiled, target_actor, qnet, q_params, q_target, q_optimizer, lr, args),
-        update_actor=bind(tc.update_actor, compiled, actor, qnet, q_params, actor_optimizer, lr, args),
+        update_critic=bind(tc.update_critic, compiled, target_actor, qnet, q_params, q_target, q_optimizer, args),
+        update_actor=bind(tc.update_actor, compiled, actor, qnet, q_params, actor_optimizer, args),
         update_targets=bind(tc.update_targets, compiled, target_actor, q_target, actor, q_params, args.tau),
     )
 
