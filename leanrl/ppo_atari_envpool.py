@@ -8,7 +8,6 @@ loops, one autograd step per minibatch. It is the yardstick `ppo_atari_envpool_t
 """
 
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
@@ -130,35 +129,6 @@ def make_envs(args: Args, seed: int):
     )
 
 
-class EpisodeStats(plumbing.Episodes):
-    """The full game's unclipped score, and its length: info["reward"] summed until info["terminated"] (all lives
-    lost) or the time limit. The 5-tuple's `terminated` is per life under episodic_life and its reward is clipped, so
-    neither is used."""
-
-    def __init__(self, num_envs: int, window: int = 20):
-        super().__init__(num_envs, window)
-        self.lengths = deque(maxlen=window)
-
-    def step(self, info: dict, truncated: np.ndarray):
-        over = np.logical_or(info["terminated"], truncated)
-        self.record(info["reward"], over, info["env_id"])
-        self.lengths.extend(info["elapsed_step"][over].tolist())
-
-    def mean_length(self) -> Optional[float]:
-        return float(np.mean(self.lengths)) if self.lengths else None
-
-    def state(self) -> dict:
-        # the finished games only: a resumed run restarts its games, so the scores in flight are lost
-        return dict(
-            returns=torch.tensor(list(self.finished), dtype=torch.float64),
-            lengths=torch.tensor(list(self.lengths), dtype=torch.float64),
-        )
-
-    def load(self, state: dict):
-        self.finished.extend(state["returns"].tolist())
-        self.lengths.extend(state["lengths"].tolist())
-
-
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -227,7 +197,7 @@ def main(args: Args):
     dones = torch.zeros((args.num_steps, args.num_envs)).to(device)
     values = torch.zeros((args.num_steps, args.num_envs)).to(device)
 
-    episodes = EpisodeStats(args.num_envs)
+    episodes = plumbing.AtariEpisodes(args.num_envs)
     global_step = 0
     start_iteration = 1
     if ckpt:

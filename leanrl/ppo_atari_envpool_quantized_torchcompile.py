@@ -38,7 +38,6 @@ import io
 import time
 import timeit
 import warnings
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal, Optional
@@ -190,36 +189,6 @@ def make_pools(args: Args, seed: int) -> list:
     return [(lo, make_envs(args, seed + lo, n)) for lo, n in zip(los, pool_sizes(args))]
 
 
-class EpisodeStats(plumbing.Episodes):
-    """The full game's unclipped score, and its length: info["reward"] summed until info["terminated"] (all lives
-    lost) or the time limit. The 5-tuple's `terminated` is per life under episodic_life and its reward is clipped, so
-    neither is used."""
-
-    def __init__(self, num_envs: int, window: int = 20):
-        super().__init__(num_envs, window)
-        self.lengths = deque(maxlen=window)
-
-    def step(self, info: dict, truncated: np.ndarray, offset: int = 0):
-        """One step of a pool; `offset` is the index of its first env (a pool numbers its envs from 0)."""
-        over = np.logical_or(info["terminated"], truncated)
-        self.record(info["reward"], over, info["env_id"] + offset)
-        self.lengths.extend(info["elapsed_step"][over].tolist())
-
-    def mean_length(self) -> Optional[float]:
-        return float(np.mean(self.lengths)) if self.lengths else None
-
-    def state(self) -> dict:
-        # the finished games only: a resumed run restarts its games, so the scores in flight are lost
-        return dict(
-            returns=torch.tensor(list(self.finished), dtype=torch.float64),
-            lengths=torch.tensor(list(self.lengths), dtype=torch.float64),
-        )
-
-    def load(self, state: dict):
-        self.finished.extend(state["returns"].tolist())
-        self.lengths.extend(state["lengths"].tolist())
-
-
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -297,7 +266,7 @@ QUANT_METHODS = dict(
 )
 
 
-def resolve_quant_method(args: Args, device: torch.device):
+def check_quant_method(args: Args, device: torch.device):
     """--quant-method auto is int8 where PyTorch's x86 int8 engine runs (a CPU), else bf16."""
     int8_ok = device.type == "cpu" and "x86" in torch.backends.quantized.supported_engines
     if args.quant_method == "auto":
@@ -400,14 +369,16 @@ def policy(agent: Agent, obs, gumbel):
     return action, logprob, value
 
 
-def rollout(pools: list, acts: list, next_obs, next_done, buf: TensorDict, episodes: EpisodeStats, gumbel):
+def rollout(pools: list, acts: list, next_obs, next_done, buf: TensorDict, gumbel):
     """num_steps of every env into `buf`, acting on the noise `gumbel` [steps, envs, actions]; updates `next_obs` and
     `next_done` in place. At each step each pool in turn is received, acted for (by its unit of `acts`) and sent its
     actions, so its emulators run while the policy acts for the next pool (one pool: a synchronous step). The last
-    step is received before the return (no step in flight during the update). Returns t_env (waiting in recv) and
-    t_policy (acting: the forward and its buffer writes, what the baseline times, so the two splits compare)."""
+    step is received before the return (no step in flight during the update). Returns each recv's (info, truncated,
+    offset of the pool) for the loop's game statistics, t_env (waiting in recv) and t_policy (acting: the forward
+    and its buffer writes, what the baseline times, so the two splits compare)."""
     t_env = 0.0
     t_policy = 0.0
+    games = []
     for step in range(buf.shape[0] + 1):
         for (lo, envs), act in zip(pools, acts):
             part = slice(lo, lo + len(envs))
@@ -415,7 +386,7 @@ def rollout(pools: list, acts: list, next_obs, next_done, buf: TensorDict, episo
                 t1 = time.perf_counter()
                 obs_np, reward, terminated, truncated, info = envs.recv()
                 t_env += time.perf_counter() - t1
-                episodes.step(info, truncated, lo)
+                games.append((info, truncated, lo))
                 next_obs[part] = torch.from_numpy(obs_np)
                 next_done[part] = torch.from_numpy(np.logical_or(terminated, truncated))
                 buf["rewards"][step - 1, part] = torch.from_numpy(reward)
@@ -429,7 +400,7 @@ def rollout(pools: list, acts: list, next_obs, next_done, buf: TensorDict, episo
                 buf["values"][step, part] = value
                 t_policy += time.perf_counter() - t0
                 envs.send(action.cpu().numpy())
-    return t_env, t_policy
+    return games, t_env, t_policy
 
 
 def gae(agent: Agent, next_obs, next_done, rewards, values, dones, gamma: float, gae_lambda: float):
@@ -496,7 +467,7 @@ def main(args: Args):
     torch.set_num_threads(args.num_threads)
     device = plumbing.pick_device(args)
     use_bf16 = args.bf16 and bf16_supported(device)
-    resolve_quant_method(args, device)
+    check_quant_method(args, device)
 
     pools = make_pools(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
     n_actions = pools[0][1].action_space.n
@@ -542,7 +513,7 @@ def main(args: Args):
         batch_size=shape,
         device=device,
     )
-    episodes = EpisodeStats(args.num_envs)
+    episodes = plumbing.AtariEpisodes(args.num_envs)
     global_step = 0
     start_iteration = 1
     if ckpt:
@@ -568,7 +539,8 @@ def main(args: Args):
             qagent = requant.current  # the policy that acts in this rollout: its log-probs are stored
             quant_acts = [functools.partial(act, qagent) for act in acts]
             gumbel = -torch.empty(shape + (n_actions,), device=device).exponential_(generator=rng).log()
-            t_env, t_policy = rollout(pools, quant_acts, next_obs, next_done, buf, episodes, gumbel)
+            games, t_env, t_policy = rollout(pools, quant_acts, next_obs, next_done, buf, gumbel)
+            episodes.record_steps(games)
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
 

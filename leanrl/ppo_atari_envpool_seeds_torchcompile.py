@@ -11,7 +11,7 @@ The trick, in the functions that hold it:
 - `make_member_pools`, `rollout`: each member's own envpool pools, seeded as its run's (envpool seeds env i of a pool
   with seed + i: one pool for all members would give them overlapping seeds); every member's pool is sent its actions
   before any is received, so the members' emulators run together. Each member draws its exploration noise and
-  minibatch order from its own generator, and `MemberEpisodeStats` keeps its own game scores.
+  minibatch order from its own generator, and `plumbing.MemberAtariEpisodes` keeps its own game scores.
 
 The algorithm, network and defaults of ppo_atari_envpool.py (CleanRL's). The base's tricks, each in the function that
 holds it (doc/atari.md measures each):
@@ -35,7 +35,6 @@ holds it (doc/atari.md measures each):
 
 import functools
 import time
-from collections import deque
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -196,68 +195,6 @@ def make_member_pools(args: Args, seeds: list) -> list:
     return [(group[0][0], [envs for _, envs in group]) for group in zip(*members)]
 
 
-class EpisodeStats(plumbing.Episodes):
-    """The full game's unclipped score, and its length: info["reward"] summed until info["terminated"] (all lives
-    lost) or the time limit. The 5-tuple's `terminated` is per life under episodic_life and its reward is clipped, so
-    neither is used."""
-
-    def __init__(self, num_envs: int, window: int = 20):
-        super().__init__(num_envs, window)
-        self.lengths = deque(maxlen=window)
-
-    def step(self, info: dict, truncated: np.ndarray, offset: int = 0):
-        """One step of a pool; `offset` is the index of its first env (a pool numbers its envs from 0)."""
-        over = np.logical_or(info["terminated"], truncated)
-        self.record(info["reward"], over, info["env_id"] + offset)
-        self.lengths.extend(info["elapsed_step"][over].tolist())
-
-    def mean_length(self) -> Optional[float]:
-        return float(np.mean(self.lengths)) if self.lengths else None
-
-    def state(self) -> dict:
-        # the finished games only: a resumed run restarts its games, so the scores in flight are lost
-        return dict(
-            returns=torch.tensor(list(self.finished), dtype=torch.float64),
-            lengths=torch.tensor(list(self.lengths), dtype=torch.float64),
-        )
-
-    def load(self, state: dict):
-        self.finished.extend(state["returns"].tolist())
-        self.lengths.extend(state["lengths"].tolist())
-
-
-class MemberEpisodeStats:
-    """Each member's own EpisodeStats (its games' scores and lengths); the top-level fields are the members' means of
-    their means, as plumbing.MemberEpisodes."""
-
-    def __init__(self, members: int, num_envs: int):
-        self.members = [EpisodeStats(num_envs) for _ in range(members)]
-
-    def means(self) -> list:
-        return [member.mean() for member in self.members]
-
-    def mean_lengths(self) -> list:
-        return [member.mean_length() for member in self.members]
-
-    @staticmethod
-    def average(values: list) -> Optional[float]:
-        values = [v for v in values if v is not None]
-        return float(np.mean(values)) if values else None
-
-    def mean(self) -> Optional[float]:
-        return self.average(self.means())
-
-    def mean_length(self) -> Optional[float]:
-        return self.average(self.mean_lengths())
-
-    def state(self) -> dict:
-        return dict(members=[member.state() for member in self.members])
-
-    def load(self, state: dict):
-        for member, saved in zip(self.members, state["members"]):
-            member.load(saved)
-
-
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -345,15 +282,17 @@ def policy(agent: Agent, params: dict, obs, gumbel):
     return action, logprob, value
 
 
-def rollout(pools: list, acts: list, next_obs, next_done, buf: TensorDict, episodes: MemberEpisodeStats, gumbel):
+def rollout(pools: list, acts: list, next_obs, next_done, buf: TensorDict, gumbel):
     """num_steps of every member's envs into `buf` [steps, members, envs], acting on the noise `gumbel` [steps,
     members, envs, actions]; updates `next_obs` and `next_done` in place. At each step each pool in turn is received
     from every member, acted for (by its unit of `acts`, all members in one call) and sent every member its actions,
     so the members' emulators run together, and while the policy acts for the next pool. The last step is received
-    before the return (no step in flight during the update). Returns t_env (waiting in recv) and t_policy (acting:
-    the forward and its buffer writes, what the baseline times, so the two splits compare)."""
+    before the return (no step in flight during the update). Returns each recv's (member, info, truncated, offset of
+    the pool) for the loop's game statistics, t_env (waiting in recv) and t_policy (acting: the forward and its
+    buffer writes, what the baseline times, so the two splits compare)."""
     t_env = 0.0
     t_policy = 0.0
+    games = []
     for step in range(buf.shape[0] + 1):
         for (lo, group), act in zip(pools, acts):
             part = slice(lo, lo + len(group[0]))
@@ -362,7 +301,7 @@ def rollout(pools: list, acts: list, next_obs, next_done, buf: TensorDict, episo
                     t1 = time.perf_counter()
                     obs_np, reward, terminated, truncated, info = envs.recv()
                     t_env += time.perf_counter() - t1
-                    episodes.members[k].step(info, truncated, lo)
+                    games.append((k, info, truncated, lo))
                     next_obs[k, part] = torch.from_numpy(obs_np)
                     next_done[k, part] = torch.from_numpy(np.logical_or(terminated, truncated))
                     buf["rewards"][step - 1, k, part] = torch.from_numpy(reward)
@@ -377,7 +316,7 @@ def rollout(pools: list, acts: list, next_obs, next_done, buf: TensorDict, episo
                 t_policy += time.perf_counter() - t0
                 for envs, member_action in zip(group, action.cpu().numpy()):
                     envs.send(member_action)
-    return t_env, t_policy
+    return games, t_env, t_policy
 
 
 def gae(agent: Agent, params: dict, next_obs, next_done, rewards, values, dones, gamma: float, gae_lambda: float):
@@ -546,7 +485,7 @@ def main(args: Args):
         batch_size=shape,
         device=device,
     )
-    episodes = MemberEpisodeStats(args.num_seeds, args.num_envs)
+    episodes = plumbing.MemberAtariEpisodes(args.num_seeds, args.num_envs)
     global_step = 0
     start_iteration = 1
     if ckpt:
@@ -574,7 +513,8 @@ def main(args: Args):
             # each member's draw from its own generator, as its own run draws it
             noise = (args.num_steps, args.num_envs, n_actions)
             gumbel = torch.stack([-torch.empty(noise, device=device).exponential_(generator=g).log() for g in rngs], 1)
-            t_env, t_policy = rollout(pools, acts, next_obs, next_done, buf, episodes, gumbel)
+            games, t_env, t_policy = rollout(pools, acts, next_obs, next_done, buf, gumbel)
+            episodes.record_steps(games)
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
 

@@ -475,9 +475,10 @@ def acting_unit(args, normalize, policy, normalizer, agent, inference: dict, dev
     return torch_normalize, host_step, lambda noise: noise.cpu(), torch.stack, refresh_actor
 
 
-def rollout(pools, policy, normalize, stack_obs, normalizer, next_obs, next_done, buf, episodes, noise, action_bounds):
+def rollout(pools, policy, normalize, stack_obs, normalizer, next_obs, next_done, buf, noise, action_bounds):
     """num_steps steps of every env into `buf`, acting with `normalize` and `policy` (`acting_unit`'s steps) and
-    `noise` where `policy` reads it; returns the last obs (as `normalize` gives it) and done, and the time split.
+    `noise` where `policy` reads it; returns the last obs (as `normalize` gives it) and done, the raw rewards and the
+    dones after each step (numpy, for the loop's episode statistics), and the time split.
     Staged in numpy (obs in a list, stacked by `stack_obs`), each field reaches `buf` in one copy.
     `buf`: (num_steps, num_seeds, num_envs, ...)."""
     num_steps = buf["obs"].shape[0]
@@ -485,6 +486,7 @@ def rollout(pools, policy, normalize, stack_obs, normalizer, next_obs, next_done
     device = normalizer.obs_rms.mean.device  # where the rollout acts
     dones = np.empty((num_steps,) + next_done.shape, np.float32)
     rewards = np.empty((num_steps,) + next_done.shape, np.float32)
+    ended = np.empty((num_steps,) + next_done.shape, bool)
     returns = np.empty((num_steps,) + next_done.shape)
     actions = np.empty((num_steps,) + next_done.shape + buf["actions"].shape[-1:], np.float32)
     obs = []
@@ -507,13 +509,13 @@ def rollout(pools, policy, normalize, stack_obs, normalizer, next_obs, next_done
         t_policy += t1 - t0 + time.perf_counter() - t2
         rewards[step] = reward
         returns[step] = normalizer.discounted_return(reward, terminated)
-        episodes.record(reward, next_done)
+        ended[step] = next_done
     buf["obs"].copy_(stack_obs(obs), non_blocking=True)
     buf["actions"].copy_(torch.from_numpy(actions).view(buf["actions"].shape), non_blocking=True)
     buf["dones"].copy_(torch.from_numpy(dones).view(buf["dones"].shape), non_blocking=True)
-    rewards, returns = (torch.from_numpy(x).to(device).view(buf["rewards"].shape) for x in (rewards, returns))
-    buf["rewards"].copy_(normalizer.rewards(rewards, returns))
-    return next_obs, next_done, t_env, t_policy
+    scaled = (torch.from_numpy(x).to(device).view(buf["rewards"].shape) for x in (rewards, returns))
+    buf["rewards"].copy_(normalizer.rewards(*scaled))
+    return next_obs, next_done, rewards, ended, t_env, t_policy
 
 
 def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda: float):
@@ -705,7 +707,7 @@ def main(args: Args):
             # each member's draw from its own generator; brought to where the policy acts in one transfer
             noise_shape = (args.num_steps, args.num_envs, n_actions)
             noise = place_noise(rollout_noise(inference["actor_logstd"], noise_shape, rngs))
-            next_obs, next_done, t_env, t_policy = rollout(
+            next_obs, next_done, rewards, ended, t_env, t_policy = rollout(
                 pools,
                 policy,
                 normalize,
@@ -714,10 +716,10 @@ def main(args: Args):
                 next_obs,
                 next_done,
                 buf,
-                episodes,
                 noise,
                 action_bounds,
             )
+            episodes.record_steps(rewards, ended)
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
 

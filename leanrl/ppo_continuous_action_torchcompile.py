@@ -368,14 +368,16 @@ def acting_unit(args, normalize, policy, normalizer, agent, agent_inference, dev
     return torch_normalize, host_step, lambda noise: noise.cpu(), torch.stack, refresh_actor
 
 
-def rollout(envs, policy, normalize, stack_obs, normalizer, next_obs, next_done, buf, episodes, noise, action_bounds):
+def rollout(envs, policy, normalize, stack_obs, normalizer, next_obs, next_done, buf, noise, action_bounds):
     """num_steps steps of every env into `buf`, acting with `normalize` and `policy` (`acting_unit`'s steps) and
-    `noise` where `policy` reads it; returns the last obs (as `normalize` gives it) and done, and the time split.
+    `noise` where `policy` reads it; returns the last obs (as `normalize` gives it) and done, the raw rewards and the
+    dones after each step (numpy, for the loop's episode statistics), and the time split.
     Staged in numpy (obs in a list, stacked by `stack_obs`), each field reaches `buf` in one copy."""
     num_steps = buf["obs"].shape[0]
     device = normalizer.obs_rms.mean.device  # where the rollout acts
     dones = np.empty(buf["dones"].shape, np.float32)
     rewards = np.empty(buf["rewards"].shape, np.float32)
+    ended = np.empty(buf["dones"].shape, bool)
     returns = np.empty(buf["rewards"].shape)
     actions = np.empty(buf["actions"].shape, np.float32)
     obs = []
@@ -396,12 +398,12 @@ def rollout(envs, policy, normalize, stack_obs, normalizer, next_obs, next_done,
         t_policy += t1 - t0 + time.perf_counter() - t2
         rewards[step] = reward
         returns[step] = normalizer.discounted_return(reward, terminated)
-        episodes.record(reward, next_done)
+        ended[step] = next_done
     buf["obs"].copy_(stack_obs(obs), non_blocking=True)
     buf["actions"].copy_(torch.from_numpy(actions), non_blocking=True)
     buf["dones"].copy_(torch.from_numpy(dones), non_blocking=True)
     buf["rewards"].copy_(normalizer.rewards(torch.from_numpy(rewards).to(device), torch.from_numpy(returns).to(device)))
-    return next_obs, next_done, t_env, t_policy
+    return next_obs, next_done, rewards, ended, t_env, t_policy
 
 
 def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda: float):
@@ -581,9 +583,10 @@ def main(args: Args):
                 lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
             refresh_actor()  # a host copy takes the last updates' (or the resumed checkpoint's) parameters
             noise = place_noise(agent_inference.rollout_noise(buf["actions"].shape, rng))  # one draw, one transfer
-            next_obs, next_done, t_env, t_policy = rollout(
-                envs, policy, normalize, stack_obs, normalizer, next_obs, next_done, buf, episodes, noise, action_bounds
+            next_obs, next_done, rewards, ended, t_env, t_policy = rollout(
+                envs, policy, normalize, stack_obs, normalizer, next_obs, next_done, buf, noise, action_bounds
             )
+            episodes.record_steps(rewards, ended)
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
 

@@ -392,15 +392,16 @@ def acting_unit(args, policy, agent, agent_inference, device):
     return host_step, lambda noise: noise.cpu(), refresh_actor
 
 
-def rollout(envs, policy, place_noise, next_obs, next_done, buf, episodes, n_actions: int, rng):
-    """num_steps steps of every env into `buf`, acting with `policy` (`acting_unit`'s step); returns the last obs/done
-    (numpy) and the time split. The env's outputs and the actions are staged in numpy and reach `buf` in one copy per
-    iteration each."""
+def rollout(envs, policy, place_noise, next_obs, next_done, buf, n_actions: int, rng):
+    """num_steps steps of every env into `buf`, acting with `policy` (`acting_unit`'s step); returns the last obs/done,
+    the rewards and the dones after each step (numpy, for the loop's episode statistics) and the time split. The
+    env's outputs and the actions are staged in numpy and reach `buf` in one copy per iteration each."""
     num_steps = buf["obs"].shape[0]
     device = buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
     dones = np.empty(buf["dones"].shape, np.float32)
     rewards = np.empty(buf["rewards"].shape, np.float32)
+    ended = np.empty(buf["rewards"].shape, bool)
     actions = np.empty(buf["actions"].shape, np.int64)
     t_env = 0.0
     t_policy = 0.0
@@ -418,10 +419,10 @@ def rollout(envs, policy, place_noise, next_obs, next_done, buf, episodes, n_act
         t_policy += t1 - t0
         next_done = terminations | truncations
         rewards[step] = reward
-        episodes.record(reward, next_done)
+        ended[step] = next_done
     for key, x in (("obs", obs), ("actions", actions), ("dones", dones), ("rewards", rewards)):
         buf[key].copy_(torch.from_numpy(x), non_blocking=True)
-    return next_obs, next_done, t_env, t_policy
+    return next_obs, next_done, rewards, ended, t_env, t_policy
 
 
 def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda: float):
@@ -500,12 +501,11 @@ def update(agent, optimizer, args, dist_, obs, actions, logprobs, advantages, re
     return torch.cat([stats, grad_norm.unsqueeze(0)])
 
 
-def sync_iteration(dist_: Dist, args: Args, advantages, perms, episodes, stop: bool):
+def sync_iteration(dist_: Dist, args: Args, advantages, perms, recent: list, stop: bool):
     """The iteration's one small all-reduce, before the update: every minibatch's sum and sum of squares of advantages
-    (each rank normalizes with the moments over all ranks), every rank's recent episode returns, and whether any rank
+    (each rank normalizes with the moments over all ranks), every rank's `recent` episode returns, and whether any rank
     was asked to stop (all stop together). Returns (mean, std) per minibatch, the mean return, and the stop decision."""
     mb = advantages.flatten()[perms]  # (epochs x minibatches, minibatch size)
-    recent = list(episodes.finished)
     local = torch.tensor([sum(recent), len(recent), float(stop)], dtype=torch.float64, device=mb.device)
     sums = dist_.all_reduce(torch.cat([mb.double().sum(-1), mb.double().square().sum(-1), local]))
     count = sums[-2].item()
@@ -658,9 +658,10 @@ def main(args: Args):
             if args.anneal_lr:
                 lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
             refresh_actor()  # a host copy takes the last updates' (or the resumed checkpoint's) parameters
-            next_obs, next_done, t_env, t_policy = rollout(
-                envs, policy, place_noise, next_obs, next_done, buf, episodes, n_actions, rng
+            next_obs, next_done, rewards, ended, t_env, t_policy = rollout(
+                envs, policy, place_noise, next_obs, next_done, buf, n_actions, rng
             )
+            episodes.record_steps(rewards, ended)
             global_step += global_batch
             t_rollout = time.perf_counter() - t_iter
 
@@ -685,7 +686,7 @@ def main(args: Args):
                 [torch.randperm(args.batch_size, device=device, generator=rng) for _ in range(args.update_epochs)]
             ).view(-1, args.minibatch_size)
             adv_mean, adv_std, mean_return, stop_all = sync_iteration(
-                dist_, args, advantages, perms, episodes, run.stopping
+                dist_, args, advantages, perms, list(episodes.finished), run.stopping
             )
             n = 0
             for _epoch in range(args.update_epochs):

@@ -398,15 +398,16 @@ def acting_unit(args, policy, agent, agent_inference, device):
     return host_step, lambda noise: noise.cpu(), refresh_actor
 
 
-def rollout(envs, policy, place_noise, next_obs, next_done, buf, episodes, n_actions: int, rng):
-    """num_steps steps of every env into `buf`, acting with `policy` (`acting_unit`'s step); returns the last obs/done
-    (numpy) and the time split. The env's outputs and the actions are staged in numpy and reach `buf` in one copy per
-    iteration each."""
+def rollout(envs, policy, place_noise, next_obs, next_done, buf, n_actions: int, rng):
+    """num_steps steps of every env into `buf`, acting with `policy` (`acting_unit`'s step); returns the last obs/done,
+    the rewards and the dones after each step (numpy, for the loop's episode statistics) and the time split. The
+    env's outputs and the actions are staged in numpy and reach `buf` in one copy per iteration each."""
     num_steps = buf["obs"].shape[0]
     device = buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
     dones = np.empty(buf["dones"].shape, np.float32)
     rewards = np.empty(buf["rewards"].shape, np.float32)
+    ended = np.empty(buf["rewards"].shape, bool)
     actions = np.empty(buf["actions"].shape, np.int64)
     t_env = 0.0
     t_policy = 0.0
@@ -424,10 +425,10 @@ def rollout(envs, policy, place_noise, next_obs, next_done, buf, episodes, n_act
         t_policy += t1 - t0
         next_done = terminations | truncations
         rewards[step] = reward
-        episodes.record(reward, next_done)
+        ended[step] = next_done
     for key, x in (("obs", obs), ("actions", actions), ("dones", dones), ("rewards", rewards)):
         buf[key].copy_(torch.from_numpy(x), non_blocking=True)
-    return next_obs, next_done, t_env, t_policy
+    return next_obs, next_done, rewards, ended, t_env, t_policy
 
 
 def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda: float):
@@ -615,9 +616,10 @@ def main(args: Args):
             t_swap = requant.refresh(iteration - start_iteration)
             qactor = requant.current  # the policy that acts in this rollout, and whose log-probs are stored
             int8_policy, place_int8_noise = int8_acting_unit(quant_policy, qactor, act_device)
-            next_obs, next_done, t_env, t_policy = rollout(
-                envs, int8_policy, place_int8_noise, next_obs, next_done, buf, episodes, n_actions, rng
+            next_obs, next_done, rewards, ended, t_env, t_policy = rollout(
+                envs, int8_policy, place_int8_noise, next_obs, next_done, buf, n_actions, rng
             )
+            episodes.record_steps(rewards, ended)
             global_step += args.batch_size
             t_rollout = time.perf_counter() - t_iter
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 from tensordict import from_module
 
-import plumbing
 from conftest import (
     PPO_ROW_FIELDS,
     SMOKE,
@@ -259,7 +258,6 @@ def cartpole_rollout(tc, policy, num_envs=2, num_steps=48, seed=3, numpy_act=Fal
         envs.reset(seed=seed)[0],
         np.zeros(num_envs, dtype=bool),
         buf,
-        plumbing.Episodes(num_envs),
         2,
         torch.Generator().manual_seed(seed),
     )

@@ -14,6 +14,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+import plumbing
 from conftest import (
     SMOKE,
     assert_user_error,
@@ -70,14 +71,14 @@ def test_inference_copy_shares_storage_and_needs_no_grad(tc):
 
 def rollouts(tc, num_envs: int, split: bool, seed: int, rounds: int = 3, num_steps: int = 64):
     """`rounds` rollouts of the script's own pools, units and rollout, from a fixed agent and noise: the buffers
-    [rounds, steps, envs], the EpisodeStats, and the last next_obs and next_done."""
+    [rounds, steps, envs], the game statistics, and the last next_obs and next_done."""
     args = tc.Args(num_envs=num_envs, num_steps=num_steps, split_envs=split)
     pools = tc.make_pools(args, seed=seed)
     assert len(pools) == (2 if split else 1)
     torch.manual_seed(0)
     agent = tc.Agent(4)
     acts = [partial(tc.policy, tc.inference_copy(agent)) for _ in pools]
-    stats, rng = tc.EpisodeStats(num_envs, window=1000), torch.Generator().manual_seed(0)
+    stats, rng = plumbing.AtariEpisodes(num_envs, window=1000), torch.Generator().manual_seed(0)
     next_obs = torch.from_numpy(np.concatenate([envs.reset()[0] for _, envs in pools]))
     next_done, shape, bufs = torch.zeros(num_envs), (num_steps, num_envs), []
     for _ in range(rounds):
@@ -91,7 +92,8 @@ def rollouts(tc, num_envs: int, split: bool, seed: int, rounds: int = 3, num_ste
             batch_size=shape,
         )
         gumbel = -torch.empty(shape + (4,)).exponential_(generator=rng).log()
-        tc.rollout(pools, acts, next_obs, next_done, buf, stats, gumbel)
+        games, _, _ = tc.rollout(pools, acts, next_obs, next_done, buf, gumbel)
+        stats.record_steps(games)
         bufs.append(buf)
     for _, envs in pools:
         envs.close()
@@ -140,10 +142,10 @@ def test_split_rollout_equals_single_pool(tc, num_envs):
     assert list(stats_s.finished) == list(stats_1.finished) and list(stats_s.lengths) == list(stats_1.lengths)
 
 
-def test_episode_stats_hand_built_sequence(tc):
+def test_episode_stats_hand_built_sequence():
     """Two envs coming back in either order (as envpool's async recv returns them): per-life terminations must not
     end a game, only info["terminated"] (lives exhausted) or the time limit does, and the score is unclipped."""
-    stats = tc.EpisodeStats(num_envs=2)
+    stats = plumbing.AtariEpisodes(num_envs=2)
     steps = [  # env_id, reward (unclipped), info terminated (game over), truncated, elapsed_step
         ([0, 1], [1.0, 7.0], [False, False], [False, False], [1, 1]),
         ([1, 0], [4.0, 0.0], [False, False], [False, False], [2, 2]),  # a lost life shows only in the 5-tuple
@@ -169,16 +171,16 @@ def test_episode_stats_hand_built_sequence(tc):
     "name,pool", [("ppo_atari_envpool", {}), ("ppo_atari_envpool_torchcompile", {"num_envs": 2})]
 )  # one pool of 2
 def test_episode_return_is_the_full_unclipped_game_score(name, pool):
-    """The scripts' envs and EpisodeStats, stepped with a fixed action sequence, against an independent count: a twin
-    envpool instance without reward clipping, same seed and actions (so the same frames), whose 5-tuple rewards are
-    summed until its lives reach 0."""
+    """The scripts' envs and game statistics (plumbing.AtariEpisodes), stepped with a fixed action sequence, against
+    an independent count: a twin envpool instance without reward clipping, same seed and actions (so the same frames),
+    whose 5-tuple rewards are summed until its lives reach 0."""
     module = load_script(name)
     args = module.Args(num_envs=2)
     envs, twin = (
         module.make_envs(args, seed=7, **pool),
         envpool.make("Breakout-v5", env_type="gym", num_envs=2, episodic_life=True, reward_clip=False, seed=7),
     )
-    stats = module.EpisodeStats(args.num_envs, window=1000)
+    stats = plumbing.AtariEpisodes(args.num_envs, window=1000)
     obs, _ = envs.reset()
     twin_obs, _ = twin.reset()
     score, expected, clipped_seen = np.zeros(2), [], set()

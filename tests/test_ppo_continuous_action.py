@@ -261,7 +261,6 @@ def test_normalizers_match_cleanrls_gymnasium_wrappers(how):
             normalize(envs.reset()[0]),
             np.zeros(1, dtype=bool),
             buf,
-            plumbing.Episodes(1),
             place_noise(torch.zeros(steps, 1, 3)),
             (-np.ones(3), np.ones(3)),
         )[0]
@@ -410,7 +409,6 @@ def cheetah_rollout(tc, actor, num_steps=64, seed=3, numpy_act=False):
         normalize(envs.reset()[0]),
         np.zeros(1, dtype=bool),
         buf,
-        plumbing.Episodes(1),
         place_noise(noise),
         (envs.action_space.low, envs.action_space.high),
     )
@@ -433,7 +431,7 @@ def main_units(tc, tmp_path, **flags) -> dict:
             super().__init__(*shape)
             agents.append(self)
 
-    def first_rollout(envs, policy, normalize, stack_obs, normalizer, next_obs, next_done, buf, episodes, noise, *_):
+    def first_rollout(envs, policy, normalize, stack_obs, normalizer, next_obs, next_done, buf, noise, *_):
         seen.update(policy=policy, normalize=normalize, normalizer=normalizer, next_obs=next_obs, noise=noise)
         raise FirstRollout
 

@@ -18,7 +18,6 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import plumbing
 from conftest import (
     PPO_ROW_FIELDS,
     ROOT,
@@ -158,10 +157,10 @@ def run_updates(dd, rank, data, rows, global_adv_norm, n_envs):
     optimizer = dd.make_optimizer(agent, lr, capturable=False)
     obs, actions, logprobs, advantages, returns, values = data
     perms = rows.view(1, -1)
-    mean, std, _, _ = dd.sync_iteration(dist_, args, advantages, perms, plumbing.Episodes(n_envs), False)
+    mean, std, _, _ = dd.sync_iteration(dist_, args, advantages, perms, [], False)
     batch = [x.flatten(0, 1) for x in (obs, actions, logprobs, advantages, returns, values)]
     for _ in range(2):
-        dd.update(agent, optimizer, lr, args, dist_, *batch, perms[0], mean[0], std[0])
+        dd.update(agent, optimizer, args, dist_, *batch, perms[0], mean[0], std[0])
     dist_.close()
     return [p.detach().clone() for p in agent.parameters()], (mean[0], std[0])
 
