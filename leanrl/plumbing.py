@@ -10,7 +10,8 @@
 - `save_checkpoint` and `write_atomically` (a full disk leaves no partial file), `load_checkpoint` (`weights_only`,
   refuses another script's file).
 - `Episodes`: the returns of finished episodes, from the raw rewards.
-- `Run`: metrics.jsonl, summary.json, wandb (`--track`), the progress bar, steady-state fps, Ctrl-C and SIGTERM.
+- `Run`: metrics.jsonl, summary.json, wandb (`--track`), the progress bar, steady-state fps, Ctrl-C and SIGTERM, a
+  diverged run (non-finite losses) stopped before it saves.
 
 A script copied out of leanrl needs none of this: its algorithm and its tricks are all in the script.
 """
@@ -667,7 +668,8 @@ def keep_rows_until(path: str, step: int):
 class Run:
     """A run's outputs: a metrics.jsonl row per `log`, wandb with `--track`, the progress bar, the steady-state fps,
     and summary.json from `finish`. Used as a context: Ctrl-C (or SIGTERM) sets `stopping`, a second one ends the
-    block at once and clears `consistent`, so no checkpoint of a half-done step is saved.
+    block at once and clears `consistent`, so no checkpoint of a half-done step is saved. A logged loss that is not
+    finite (or a policy torch.distributions refuses) stops the run as diverged, `consistent` cleared too.
 
         run = Run(args, SCRIPT, device, total_steps=args.total_timesteps, start_step=global_step)
         with run:
@@ -699,6 +701,7 @@ class Run:
         self.lead = lead
         self.stop = StopFlag()
         self.consistent = True
+        self.diverged = None  # the step and the losses that were not finite, once they were not
         self.fps = None
         self.mark = None  # (time, step) where steady state began
         self.untimed = 0.0  # seconds since the mark that were not training (`log(untimed=...)`)
@@ -746,7 +749,7 @@ class Run:
 
     @property
     def stopping(self) -> bool:
-        return self.stop.set
+        return self.stop.set or self.diverged is not None
 
     def __enter__(self):
         return self
@@ -760,7 +763,22 @@ class Run:
             self.stop.set = True
             self.consistent = False
             return True
+        # torch.distributions refuses non-finite parameters (the eager scripts' policies): the weights diverged within
+        # an iteration, before its log line could see the losses
+        if kind is ValueError and "found invalid values" in str(exc):
+            name = str(exc).split()[2]  # "Expected parameter logits (...)"
+            self.diverge(self.bar.n, [name], f"after step {self.bar.n:,}", f"the policy's {name}")
+            return True
         return False
+
+    def diverge(self, global_step: int, names: list, when: str, what: str):
+        """Training went non-finite: one line, the run stops, and nothing of it is saved over the last checkpoint."""
+        self.diverged = dict(global_step=global_step, losses=names)
+        self.consistent = False
+        self.say(
+            f"error: training diverged {when}: {what} not finite; the run stops without saving a checkpoint (the last "
+            "one is kept): resume from it with a lower learning rate"
+        )
 
     def log(self, global_step: int, steady: bool, untimed: float = 0.0, **row) -> dict:
         """One metrics.jsonl row (and a wandb point), with the time so far and the steady-state fps: env steps per
@@ -779,6 +797,11 @@ class Run:
         if self.mark is not None and global_step > self.mark[1]:
             self.fps = (global_step - self.mark[1]) / (now - self.mark[0] - self.untimed)
         row = dict(global_step=global_step, time=now - self.start, fps=self.fps, **row)
+        # the loop's host sync has already brought the losses here: checking them costs no other
+        broken = [k for k, v in row.items() if isinstance(v, (float, np.floating)) and not math.isfinite(v)]
+        if broken and self.diverged is None:
+            self.diverge(global_step, broken, f"at step {global_step:,}", ", ".join(f"{k} {row[k]}" for k in broken))
+        row.update(dict.fromkeys(broken))  # strict JSON: NaN is none of its values
         if self.metrics:
             self.metrics.write(json.dumps(row) + "\n")
         if self.wandb:
@@ -813,6 +836,7 @@ class Run:
                 final_return=final_return,
                 compile_time=compile_time,
                 interrupted=self.stop.set,
+                diverged=self.diverged,
                 **extra,
             )
             write_atomically(os.path.join(self.args.log_dir, "summary.json"), json.dumps(summary, indent=2).encode())
@@ -829,7 +853,8 @@ class Run:
 
     @property
     def exit_code(self) -> int:
-        """1 if a final write failed, 130 if a signal stopped the run or came during its final writes, else 0."""
-        if UNWRITTEN:
+        """1 if the run diverged or a final write failed, 130 if a signal stopped the run or came during its final
+        writes, else 0."""
+        if UNWRITTEN or self.diverged is not None:
             return 1
         return 130 if self.stop.set or self.stop.deferred else 0

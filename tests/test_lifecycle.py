@@ -14,7 +14,16 @@ import pytest
 import torch
 
 import plumbing
-from conftest import PLUMBING_PROGRAM, SMOKE, assert_user_error, load_script, read_metrics, run_command, run_script
+from conftest import (
+    PLUMBING_PROGRAM,
+    SMOKE,
+    assert_user_error,
+    load_script,
+    read_metrics,
+    read_summary,
+    run_command,
+    run_script,
+)
 from test_plumbing import Args, refused
 
 CPU = torch.device("cpu")
@@ -431,3 +440,62 @@ def test_check_memory_puts_the_stores_on_a_cuda_learner_against_the_gpu(capsys, 
     assert "4.0 GiB is free on the GPU" in line and "--num-steps" in line
     args.cuda = False  # --no-cuda: the same rollout on the host fits
     plumbing.check_memory(args, "atari", rollout=8 * GIB)
+
+
+# --- issue 51: the edges not tried before ---------------------------------------------------------------------------
+
+
+def test_a_diverged_run_stops_keeps_no_checkpoint_and_says_so(tmp_path, capsys):
+    """A non-finite loss at a log line: one line naming the step and the loss, the row written as strict JSON, the run
+    asked to stop with no state worth saving (`consistent` false: the last checkpoint is kept), `diverged` in the
+    summary and a non-zero exit."""
+    run = plumbing.Run(Args(log_dir=str(tmp_path)), "some_script", CPU, total_steps=30)
+    with run:
+        run.log(10, steady=True, pg_loss=0.5, v_loss=1.0)
+        assert not run.stopping and run.consistent
+        run.log(20, steady=True, pg_loss=float("nan"), v_loss=float("inf"), td_loss=None)
+        assert run.stopping and not run.consistent
+    with pytest.raises(SystemExit) as e:
+        run.finish(20, final_return=None)
+    assert e.value.code == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if "training diverged" in line]
+    assert len(lines) == 1 and "step 20" in lines[0] and "pg_loss nan" in lines[0] and "v_loss inf" in lines[0], lines
+    rows = [
+        json.loads(line, parse_constant=pytest.fail) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert rows[1]["pg_loss"] is None and rows[1]["v_loss"] is None and rows[0]["pg_loss"] == 0.5
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["diverged"] == dict(global_step=20, losses=["pg_loss", "v_loss"])
+    assert summary["interrupted"] is False
+
+
+def test_a_script_that_diverges_keeps_the_last_good_checkpoint(finished_run, tmp_path):
+    """The issue's case: a good run resumed into its own folder with --learning-rate 1e30 (every weight NaN after the
+    first minibatch) leaves agent.pt as it was, exits 1 and says so in one line. In ppo.py the NaN logits fail
+    torch.distributions' check within the iteration, before any log line."""
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    for name, data in files(finished_run).items():
+        (log_dir / name).write_bytes(data)
+    good = (log_dir / "agent.pt").read_bytes()
+    flags = [*SMOKE[:4], "--total-timesteps", "512", "--num-threads", "1", "--learning-rate", "1e30", "--save-model"]
+    proc = run_script(
+        "ppo.py", *flags, "--resume", str(log_dir / "agent.pt"), log_dir=log_dir, check=False, timeout=300
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "training diverged" in line]
+    assert len(said) == 1 and "step 256" in said[0], proc.stderr
+    assert (log_dir / "agent.pt").read_bytes() == good
+    assert read_summary(log_dir)["diverged"]["global_step"] == 256
+
+
+def test_a_torchcompile_script_that_diverges_writes_no_checkpoint(tmp_path):
+    """ppo_torchcompile.py's units make no check of their own: the NaN losses reach the first log line, which stops
+    the run there."""
+    flags = [*SMOKE, "--num-threads", "1", "--learning-rate", "1e30", "--save-model"]
+    proc = run_script("ppo_torchcompile.py", *flags, log_dir=tmp_path / "run", check=False, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "training diverged" in line]
+    assert len(said) == 1 and "step 64" in said[0], proc.stderr
+    assert not (tmp_path / "run" / "agent.pt").exists()
+    assert len(read_metrics(tmp_path / "run")) == 1 and read_summary(tmp_path / "run")["diverged"]["global_step"] == 64
