@@ -3,6 +3,7 @@
 - `parse_args`, `fail`: a user mistake ends the run with one line on stderr and exit code 2, never a traceback.
 - `positive`, `positive_finite`, `non_negative_finite`, `unit_interval`, `probability`, `require`: range rules.
 - `check_env_id`: an env id of the wrong family names the script that takes it.
+- `check_minibatches`: the PPO scripts' minibatch count divides the batch and leaves no one-row minibatch.
 - `check_memory`: a run whose stores (rollout, replay buffer, env pools) will not fit in memory is refused.
 - `check_run`: the flags every script shares (seed, threads, burn-in, video, `--resume`, `--track`, `--log-dir`),
   checked last.
@@ -112,6 +113,21 @@ def unit_interval(args, *names: str):
 
 def probability(args, *names: str):
     require(args, lambda v: 0 <= v <= 1, "in [0, 1]", *names)
+
+
+def check_minibatches(args, batch_size: int):
+    """The PPO scripts' `--num-minibatches`: it divides the batch, and under `--norm-adv` leaves two rows or more in a
+    minibatch (the advantages' std of one row is NaN: every loss and weight would be)."""
+    if batch_size % args.num_minibatches:
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
+            f"(num_envs x num_steps); pick a divisor of {batch_size}"
+        )
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        fail(
+            f"--num-minibatches {args.num_minibatches} makes minibatches of one row (the batch is {batch_size}): "
+            "--norm-adv's advantage std of one row is NaN; pick fewer minibatches or pass --no-norm-adv"
+        )
 
 
 # where each family's envs come from, and which script takes them, per algorithm
