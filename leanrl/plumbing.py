@@ -8,6 +8,7 @@
 - `check_run`: the flags every script shares (seed, threads, burn-in, video, `--resume`, `--track`, `--log-dir`),
   checked last.
 - `pick_device`: the learner's device; `--cudagraphs` without CUDA is dropped with one line.
+- `envpool_seed`: a derived env seed within envpool's int32.
 - `save_checkpoint` and `write_atomically` (a full disk leaves no partial file), `load_checkpoint` (`weights_only`,
   refuses another script's file).
 - `Episodes`: the returns of finished episodes, from the raw rewards.
@@ -394,6 +395,13 @@ def pick_device(args) -> torch.device:
         print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
         args.cudagraphs = False
     return device
+
+
+def envpool_seed(seed: int) -> int:
+    """A derived env seed (seed + an env's index, a member's, a resumed run's step) as envpool takes it: an int32,
+    which envpool.make asserts. Wrapped in 32 bits as envpool itself wraps the seed of env i of a pool (seed + i), so
+    that a pool of its own gives an env the seed it has in one big pool."""
+    return (seed + 2**31) % 2**32 - 2**31
 
 
 # the layout of the checkpoints written through save_checkpoint (3: the replay buffers and the DQN env state); older

@@ -255,7 +255,14 @@ def pool_sizes(args: Args) -> list:
 def make_envs(args: Args, seed: int, num_envs: int):
     # CleanRL's settings: 84x84 grey frames, 4 stacked, frameskip 4; a lost life ends the (training) episode and
     # rewards are clipped to their sign. The real game score comes back unclipped in info["reward"].
-    return envpool.make(args.env_id, env_type="gym", num_envs=num_envs, episodic_life=True, reward_clip=True, seed=seed)
+    return envpool.make(
+        args.env_id,
+        env_type="gym",
+        num_envs=num_envs,
+        episodic_life=True,
+        reward_clip=True,
+        seed=plumbing.envpool_seed(seed),
+    )
 
 
 def make_pools(args: Args, seed: int) -> list:

@@ -121,7 +121,7 @@ def check_args(args: Args) -> Optional[dict]:
 
 
 def make_envs(args: Args, seed: int):
-    return envpool.make(args.env_id, env_type="gymnasium", num_envs=args.num_envs, seed=seed)
+    return envpool.make(args.env_id, env_type="gymnasium", num_envs=args.num_envs, seed=plumbing.envpool_seed(seed))
 
 
 def env_step(envs, action: np.ndarray):

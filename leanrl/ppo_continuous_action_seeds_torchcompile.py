@@ -179,7 +179,7 @@ def make_envs(args: Args, seed: int) -> list:
     more envs per member the members' seeds overlap, and each member gets a pool of its own."""
 
     def make(seed, num_envs):
-        return envpool.make(args.env_id, env_type="gymnasium", num_envs=num_envs, seed=seed)
+        return envpool.make(args.env_id, env_type="gymnasium", num_envs=num_envs, seed=plumbing.envpool_seed(seed))
 
     if args.num_envs == 1:
         return [make(seed, args.num_seeds)]

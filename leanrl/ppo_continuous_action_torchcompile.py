@@ -504,7 +504,7 @@ def main(args: Args):
         args.env_id,
         env_type="gymnasium",
         num_envs=args.num_envs,
-        seed=args.seed + (ckpt["global_step"] if ckpt else 0),
+        seed=plumbing.envpool_seed(args.seed + (ckpt["global_step"] if ckpt else 0)),
     )
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
     # global generator after compiling a function, which would replay numbers the loop drew before the compile

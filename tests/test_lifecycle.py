@@ -499,3 +499,37 @@ def test_a_torchcompile_script_that_diverges_writes_no_checkpoint(tmp_path):
     assert len(said) == 1 and "step 64" in said[0], proc.stderr
     assert not (tmp_path / "run" / "agent.pt").exists()
     assert len(read_metrics(tmp_path / "run")) == 1 and read_summary(tmp_path / "run")["diverged"]["global_step"] == 64
+
+
+BIG_SEED = 2**31 - 1  # the largest --seed: every seed derived from it (+ env, member, resumed step) is past int32
+
+
+def test_derived_env_seeds_wrap_as_envpool_wraps_them():
+    """envpool takes an int32 seed and seeds env i of a pool with seed + i in 32 bits: a pool's env past 2**31 - 1 is
+    the env of the wrapped seed. The seeds derived in the scripts (--split-envs pools, seeds members) wrap the same
+    way, so that a pool of its own gives an env the observations it has in one big pool."""
+    import envpool
+
+    pool = envpool.make("HalfCheetah-v4", env_type="gymnasium", num_envs=2, seed=BIG_SEED).reset()[0]
+    alone = envpool.make("HalfCheetah-v4", env_type="gymnasium", num_envs=1, seed=plumbing.envpool_seed(BIG_SEED + 1))
+    assert (alone.reset()[0][0] == pool[1]).all()
+    assert plumbing.envpool_seed(5) == 5 and plumbing.envpool_seed(2**31 + 5) == -(2**31) + 5
+
+
+def test_a_seeds_script_and_split_pools_build_their_envs_at_the_largest_seed():
+    """Member k seeded seed + k, the second --split-envs pool seed + num_envs / 2: no envpool AssertionError."""
+    seeds = load_script("ppo_continuous_action_seeds_torchcompile")
+    args = seeds.Args(num_seeds=2, num_envs=2)
+    assert len(seeds.make_envs(args, BIG_SEED)) == 2
+    atari = load_script("ppo_atari_envpool_torchcompile")
+    assert len(atari.make_pools(atari.Args(num_envs=2, split_envs=True), BIG_SEED)) == 2
+
+
+def test_a_run_at_the_largest_seed_resumes(tmp_path):
+    """A MuJoCo resume seeds its envs seed + global_step (envpool cannot save them): past int32 at --seed 2**31 - 1."""
+    flags = ["--num-envs", "1", "--num-steps", "64", "--num-threads", "1", "--seed", str(BIG_SEED), "--save-model"]
+    log_dir = tmp_path / "run"
+    run_script("ppo_continuous_action.py", *flags, "--total-timesteps", "128", log_dir=log_dir, timeout=300)
+    resume = ["--total-timesteps", "192", "--resume", str(log_dir / "agent.pt")]
+    run_script("ppo_continuous_action.py", *flags, *resume, log_dir=log_dir, timeout=300)
+    assert [r["global_step"] for r in read_metrics(log_dir)] == [64, 128, 192]
