@@ -187,12 +187,12 @@ def check_run(
     args, script: str, same: tuple = ("env_id",), video: bool = False, lead: bool = True, step: int = 1
 ) -> Optional[dict]:
     """The flags every script shares, after its own: seed, threads and burn-in ranges, `--capture-video` (`video`:
-    whether the script can record), `--resume` (a checkpoint of this script, trained with the same `same` flags, with
-    at least `step` steps, the steps of one iteration, left to train), `--track` and, last so that a bad flag never
-    leaves a folder behind, `--log-dir` (default resolved into args and created under a name no other run has; a given
-    one must hold no other run unless `--resume` points into it; only by the process that writes there: `lead`).
-    Returns the checkpoint to resume from, if any. A warning (more threads than cores, wandb offline) comes last, once
-    every check has passed, so that a refused run says one line."""
+    whether the script can record), `--resume` (a checkpoint of this script, trained with the same seed and `same`
+    flags, with at least `step` steps, the steps of one iteration, left to train), `--track` and, last so that a bad
+    flag never leaves a folder behind, `--log-dir` (default resolved into args and created under a name no other run
+    has; a given one must hold no other run unless `--resume` points into it; only by the process that writes there:
+    `lead`). Returns the checkpoint to resume from, if any. A warning (more threads than cores, wandb offline) comes
+    last, once every check has passed, so that a refused run says one line."""
     require(args, lambda v: 0 <= v < 2**31, "in [0, 2**31)", "seed")
     positive(args, "num_threads")
     require(args, lambda v: v >= 0, "non-negative", "measure_burnin")
@@ -200,7 +200,8 @@ def check_run(
         fail("--capture-video is not supported here: envpool renders no frames")
     if args.capture_video and not all(importlib.util.find_spec(m) for m in ("moviepy", "pygame")):
         fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
-    ckpt = load_checkpoint(args, script, same) if args.resume else None
+    # a checkpoint goes on with its own random state: another --seed would only relabel the run
+    ckpt = load_checkpoint(args, script, ("seed", *same)) if args.resume else None
     if ckpt is not None and args.total_timesteps - ckpt["global_step"] < step:
         fail(
             f"--resume {args.resume} is already at step {ckpt['global_step']:,} of --total-timesteps "

@@ -533,3 +533,13 @@ def test_a_run_at_the_largest_seed_resumes(tmp_path):
     resume = ["--total-timesteps", "192", "--resume", str(log_dir / "agent.pt")]
     run_script("ppo_continuous_action.py", *flags, *resume, log_dir=log_dir, timeout=300)
     assert [r["global_step"] for r in read_metrics(log_dir)] == [64, 128, 192]
+
+
+def test_a_resume_with_another_seed_is_refused(tmp_path, capsys):
+    """The checkpoint carries its run's random state: another --seed would go on with the old one while the logs and
+    the summary (and a seeds run's members) said the new one."""
+    path = str(tmp_path / "agent.pt")
+    plumbing.save_checkpoint(path, "some_script", Args(seed=1), global_step=10)
+    line = refused(capsys, plumbing.check_run, Args(seed=2, resume=path, log_dir=str(tmp_path / "b")), "some_script")
+    assert "--resume" in line and "--seed 1" in line, line
+    assert plumbing.check_run(Args(seed=1, resume=path, log_dir=str(tmp_path / "a")), "some_script") is not None
