@@ -828,13 +828,27 @@ class Run:
             self.diverge(global_step, broken, f"at step {global_step:,}", ", ".join(f"{k} {row[k]}" for k in broken))
         row.update(dict.fromkeys(broken))  # strict JSON: NaN is none of its values
         if self.metrics:
-            self.metrics.write(json.dumps(row) + "\n")
+            try:
+                self.metrics.write(json.dumps(row) + "\n")
+            except OSError as e:
+                self.cannot_log(e)
         if self.wandb:
             self.wandb.log(row, step=global_step)
         self.bar.update(global_step - self.bar.n)
         self.bar.set_postfix(fps=f"{self.fps or 0:.0f}", ret=f"{row.get('episodic_return') or 0:.1f}", refresh=False)
         self.stop.logged = True
         return row
+
+    def cannot_log(self, error: OSError):
+        """metrics.jsonl can take no more rows (a full disk): the run stops here as Ctrl-C stops it, its checkpoint and
+        summary still tried, and exits 1."""
+        path = self.metrics.name
+        with contextlib.suppress(OSError):  # the row it holds back fails again
+            self.metrics.close()
+        self.metrics = None
+        UNWRITTEN.append(path)
+        self.stop.set = True
+        self.say(f"error: could not write {path} ({error.strerror or error}); the run stops at this step")
 
     def compile_time(self) -> Optional[float]:
         """What compiling added to the first interval between log lines (the one that compiled), against a steady

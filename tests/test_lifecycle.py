@@ -543,3 +543,23 @@ def test_a_resume_with_another_seed_is_refused(tmp_path, capsys):
     line = refused(capsys, plumbing.check_run, Args(seed=2, resume=path, log_dir=str(tmp_path / "b")), "some_script")
     assert "--resume" in line and "--seed 1" in line, line
     assert plumbing.check_run(Args(seed=1, resume=path, log_dir=str(tmp_path / "a")), "some_script") is not None
+
+
+def test_a_full_disk_mid_run_stops_it_as_ctrl_c_does(tmp_path, capsys, monkeypatch):
+    """metrics.jsonl on a full disk (/dev/full: every write fails with ENOSPC): the row's write says so in one line and
+    stops the run at that log line with its state consistent, so the checkpoint and the summary are still tried; exit
+    code 1, no traceback."""
+    monkeypatch.setattr(plumbing, "UNWRITTEN", [])
+    (tmp_path / "metrics.jsonl").symlink_to("/dev/full")
+    run = plumbing.Run(Args(log_dir=str(tmp_path)), "some_script", CPU, total_steps=30)
+    with run:
+        run.log(10, steady=True, pg_loss=0.5)
+        assert run.stopping and run.consistent
+    plumbing.save_checkpoint(str(tmp_path / "agent.pt"), "some_script", Args(), global_step=10)
+    with pytest.raises(SystemExit) as e:
+        run.finish(10, final_return=None)
+    assert e.value.code == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "metrics.jsonl" in errors[0] and os.strerror(28) in errors[0], errors  # ENOSPC
+    assert json.loads((tmp_path / "summary.json").read_text())["interrupted"] is True
+    assert torch.load(tmp_path / "agent.pt", weights_only=True)["global_step"] == 10
