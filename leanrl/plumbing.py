@@ -1,6 +1,7 @@
 """The run plumbing every training script imports; no part of any algorithm or speed trick lives here.
 
 - `parse_args`, `fail`: a user mistake ends the run with one line on stderr and exit code 2, never a traceback.
+- `keep_streams` (from `parse_args`): a closed or broken stdout or stderr never ends a run.
 - `positive`, `positive_finite`, `non_negative_finite`, `unit_interval`, `probability`, `require`: range rules.
 - `check_env_id`: an env id of the wrong family names the script that takes it.
 - `check_minibatches`: the PPO scripts' minibatch count divides the batch and leaves no one-row minibatch.
@@ -61,8 +62,62 @@ def script_name(file: str) -> str:
     return os.path.splitext(os.path.basename(file))[0]
 
 
+class Unbroken:
+    """sys.stdout or sys.stderr for a run that must outlive them: a closed terminal, or a reader gone (`| head -1`),
+    makes writes fail (EIO, EPIPE), which would end the run from inside the progress bar. The first failed write sends
+    the stream's fd to /dev/null; the run goes on and keeps its files."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError:
+            self.to_null()
+            return len(text)
+
+    def flush(self):
+        try:
+            self.stream.flush()
+        except OSError:
+            self.to_null()
+
+    def to_null(self):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, self.stream.fileno())
+        os.close(null)
+        with contextlib.suppress(OSError):  # what the stream held back goes there too, not to a failed exit flush
+            self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def keep_streams():
+    """stdout and stderr made `Unbroken`. One closed when the process started (`2>&-`) is None in sys: it becomes
+    /dev/null, and its fd, if still free, is taken by /dev/null, so that no file opened later gets it and the
+    messages written to it."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if isinstance(stream, Unbroken):
+            continue
+        if stream is None:
+            try:
+                os.fstat(fd)
+            except OSError:
+                null = os.open(os.devnull, os.O_WRONLY)
+                if null != fd:
+                    os.dup2(null, fd)
+                    os.close(null)
+            stream = open(os.devnull, "w")
+        setattr(sys, name, Unbroken(stream))
+
+
 def parse_args(cls):
-    """tyro's parse of `cls`, its multi-line error box folded into the one line a user mistake gets."""
+    """tyro's parse of `cls`, its multi-line error box folded into the one line a user mistake gets. First, so that
+    every message of the run has them, the streams are made `Unbroken`."""
+    keep_streams()
     try:
         with contextlib.redirect_stderr(err := io.StringIO()):
             return tyro.cli(cls)
@@ -633,10 +688,10 @@ def machine_info(device: torch.device) -> dict:
 
 
 class StopFlag:
-    """Ctrl-C or SIGTERM asks the loop to stop at its next log line, where the state is consistent and a checkpoint
-    can be saved. A second one stops at once (no checkpoint), and so does the first before anything was logged. Once
-    the loop is over (`finishing`), signals wait for the final writes: a checkpoint cut in half is a traceback, a
-    stale temporary file and no summary; exit code 130 after them."""
+    """Ctrl-C, SIGTERM or SIGHUP asks the loop to stop at its next log line, where the state is consistent and a
+    checkpoint can be saved. A second one stops at once (no checkpoint), and so does the first before anything was
+    logged. Once the loop is over (`finishing`), signals wait for the final writes: a checkpoint cut in half is a
+    traceback, a stale temporary file and no summary; exit code 130 after them."""
 
     def __init__(self):
         self.set = False
@@ -645,6 +700,7 @@ class StopFlag:
         self.deferred = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
+        signal.signal(signal.SIGHUP, self.handle)  # the terminal closed: a stop like any other, the files kept
 
     def handle(self, signum, frame):
         if self.finishing:
