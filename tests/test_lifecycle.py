@@ -5,6 +5,7 @@ they run), `--track` without a login or a network, and the memory and threads a 
 Most of it is tested in this process against plumbing directly; one script (ppo.py, at the smoke flags) shows that the
 scripts' calls into it give the same behaviour end to end."""
 
+import importlib
 import json
 import os
 import socket
@@ -16,6 +17,7 @@ import torch
 import plumbing
 from conftest import (
     PLUMBING_PROGRAM,
+    ROOT,
     SMOKE,
     assert_user_error,
     load_script,
@@ -563,3 +565,31 @@ def test_a_full_disk_mid_run_stops_it_as_ctrl_c_does(tmp_path, capsys, monkeypat
     assert len(errors) == 1 and "metrics.jsonl" in errors[0] and os.strerror(28) in errors[0], errors  # ENOSPC
     assert json.loads((tmp_path / "summary.json").read_text())["interrupted"] is True
     assert torch.load(tmp_path / "agent.pt", weights_only=True)["global_step"] == 10
+
+
+@pytest.mark.parametrize(
+    "script,state,words",
+    [
+        (
+            "ppo_seeds_torchcompile",
+            dict(agent={"actor.0.weight": torch.zeros(2, 64, 4), "actor.4.weight": torch.zeros(2, 2, 64)}),
+            ["ppo_seeds_torchcompile.py", "2 agents", "one agent"],
+        ),
+        ("dqn", dict(q_network={"network.0.weight": torch.zeros(120, 4)}), ["dqn.py", "DQN"]),
+        (
+            "sac_continuous_action",
+            dict(actor={"fc1.weight": torch.zeros(256, 17)}),
+            ["sac_continuous_action.py", "SAC"],
+        ),
+    ],
+)
+def test_eval_compressed_says_what_it_does_not_support(script, state, words, tmp_path, capsys, monkeypatch):
+    """A seeds run's checkpoint (its agents stacked) was a ValueError traceback; DQN's and SAC's were called "not a
+    checkpoint written by --save-model", which they are: one line saying what the tool does not evaluate."""
+    monkeypatch.syspath_prepend(str(ROOT / "leanrl" / "tools"))
+    ec = importlib.import_module("eval_compressed")
+    path = tmp_path / "agent.pt"
+    args = dict(env_id="CartPole-v1", num_seeds=2) if "seeds" in script else dict(env_id="CartPole-v1")
+    torch.save(dict(script=script, format=plumbing.CHECKPOINT_FORMAT, args=args, **state), path)
+    line = refused(capsys, ec.load_agent, ec.Args(checkpoint=str(path)))
+    assert "not a checkpoint" not in line and all(w in line for w in words), line
