@@ -7,7 +7,7 @@
 - `check_minibatches`: the PPO scripts' minibatch count divides the batch and leaves no one-row minibatch.
 - `check_memory`: a run whose stores (rollout, replay buffer, env pools) will not fit in memory is refused.
 - `check_run`: the flags every script shares (seed, threads, burn-in, video, `--resume`, `--track`, `--log-dir`),
-  checked last.
+  checked last; the log dir claimed (`claim`) for the run's life.
 - `pick_device`: the learner's device; `--cudagraphs` without CUDA is dropped with one line.
 - `envpool_seed`: a derived env seed within envpool's int32.
 - `save_checkpoint` and `write_atomically` (a full disk leaves no partial file), `load_checkpoint` (`weights_only`,
@@ -20,6 +20,7 @@ A script copied out of leanrl needs none of this: its algorithm and its tricks a
 """
 
 import contextlib
+import fcntl
 import importlib.util
 import io
 import itertools
@@ -273,14 +274,14 @@ def check_run(
     if not lead:  # a rank that writes nothing: rank 0 names and creates the folder
         args.log_dir = args.log_dir or default_log_dir(args, script)
         return ckpt
-    if args.log_dir is not None:
-        check_log_dir(args)
     try:
         args.log_dir = args.log_dir or new_folder(default_log_dir(args, script))
         os.makedirs(args.log_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=args.log_dir).close()
     except OSError as e:
         fail(f"--log-dir {args.log_dir or default_log_dir(args, script)}: cannot write there ({e.strerror or e})")
+    claim(args.log_dir)
+    check_log_dir(args)  # after the claim: a run that claimed the folder first and has since written there counts
     for line in filter(None, warnings):
         print(line, file=sys.stderr)
     return ckpt
@@ -299,6 +300,26 @@ def new_folder(path: str) -> str:
         with contextlib.suppress(FileExistsError):
             os.mkdir(name)
             return name
+
+
+# the log dirs this process holds: their open fd, locked until the process exits
+CLAIMED = {}
+
+
+def claim(log_dir: str):
+    """The run's hold on its log dir: an exclusive flock on the folder itself (no file left behind), held until the
+    process exits, however it exits (the kernel drops it). Of two runs started into one folder at once, which both
+    found it free of run files, the second is refused."""
+    key = os.path.realpath(log_dir)
+    if key in CLAIMED:  # this process's own run: a check made twice
+        return
+    fd = os.open(log_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        fail(f"--log-dir {log_dir} is being written by another run that is still going; pick a new folder")
+    CLAIMED[key] = fd
 
 
 def check_log_dir(args):

@@ -19,6 +19,7 @@ from conftest import (
     PLUMBING_PROGRAM,
     ROOT,
     SMOKE,
+    Child,
     assert_user_error,
     load_script,
     read_metrics,
@@ -593,3 +594,28 @@ def test_eval_compressed_says_what_it_does_not_support(script, state, words, tmp
     torch.save(dict(script=script, format=plumbing.CHECKPOINT_FORMAT, args=args, **state), path)
     line = refused(capsys, ec.load_agent, ec.Args(checkpoint=str(path)))
     assert "not a checkpoint" not in line and all(w in line for w in words), line
+
+
+CLAIM = """
+import sys, time
+sys.path[:0] = ["leanrl", "tests"]
+import plumbing
+from test_plumbing import Args
+
+plumbing.check_run(Args(log_dir=sys.argv[1]), "s")
+print("claimed", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_log_dir_is_claimed_by_the_run_that_gets_it(tmp_path, capsys):
+    """Two runs started into one --log-dir at once both found it empty and both wrote there. A run holds its folder
+    from its check on: a second run's check while the first lives is refused in one line; once the first is gone
+    (even killed), the folder is free again."""
+    log_dir = tmp_path / "run"
+    first = Child([sys.executable, "-c", CLAIM, str(log_dir)], tmp_path / "first")
+    first.wait_until(lambda: "claimed" in first.stdout, 120, "its check_run")
+    line = refused(capsys, plumbing.check_run, Args(log_dir=str(log_dir)), "some_script")
+    assert "--log-dir" in line and "another run" in line, line
+    first.kill()
+    plumbing.check_run(Args(log_dir=str(log_dir)), "some_script")
