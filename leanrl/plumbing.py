@@ -767,6 +767,31 @@ def keep_rows_until(path: str, step: int):
     )
 
 
+def non_finite(row: dict, prefix: str = "") -> dict:
+    """{name: value} of the row's numbers that are not finite, the members' rows of the seeds scripts included."""
+    found = {}
+    for key, value in row.items():
+        if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+            found[prefix + key] = value
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    found.update(non_finite(item, f"{prefix}{key}[{i}]."))
+    return found
+
+
+def strict_json(value):
+    """`value` with null for every number that is not finite: json.dumps writes a bare NaN, which is no JSON (a strict
+    reader, jq or a browser, refuses the whole file)."""
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [strict_json(item) for item in value]
+    if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+        return None
+    return value
+
+
 class Run:
     """A run's outputs: a metrics.jsonl row per `log`, wandb with `--track`, the progress bar, the steady-state fps,
     and summary.json from `finish`. Used as a context: Ctrl-C (or SIGTERM) sets `stopping`, a second one ends the
@@ -900,13 +925,13 @@ class Run:
             self.fps = (global_step - self.mark[1]) / (now - self.mark[0] - self.untimed)
         row = dict(global_step=global_step, time=now - self.start, fps=self.fps, **row)
         # the loop's host sync has already brought the losses here: checking them costs no other
-        broken = [k for k, v in row.items() if isinstance(v, (float, np.floating)) and not math.isfinite(v)]
+        broken = non_finite(row)
         if broken and self.diverged is None:
-            self.diverge(global_step, broken, f"at step {global_step:,}", ", ".join(f"{k} {row[k]}" for k in broken))
-        row.update(dict.fromkeys(broken))  # strict JSON: NaN is none of its values
+            said = ", ".join(f"{name} {value}" for name, value in broken.items())
+            self.diverge(global_step, list(broken), f"at step {global_step:,}", said)
         if self.metrics:
             try:
-                self.metrics.write(json.dumps(row) + "\n")
+                self.metrics.write(json.dumps(strict_json(row)) + "\n")
             except OSError as e:
                 self.cannot_log(e)
         if self.wandb:

@@ -619,3 +619,18 @@ def test_a_log_dir_is_claimed_by_the_run_that_gets_it(tmp_path, capsys):
     assert "--log-dir" in line and "another run" in line, line
     first.kill()
     plumbing.check_run(Args(log_dir=str(log_dir)), "some_script")
+
+
+def test_a_seeds_run_names_the_member_that_diverged(tmp_path, capsys):
+    """The seeds scripts log each member's losses in `members`: the line names the member's, and its row is strict
+    JSON too. (The whole run stops: its members share one checkpoint.)"""
+    run = plumbing.Run(Args(log_dir=str(tmp_path)), "some_script", CPU, total_steps=10)
+    members = [dict(seed=1, pg_loss=0.5), dict(seed=2, pg_loss=float("nan"))]
+    with run:
+        run.log(10, steady=True, pg_loss=float("nan"), members=members)
+    assert run.stopping and not run.consistent
+    line = next(line for line in capsys.readouterr().err.splitlines() if "training diverged" in line)
+    assert "members[1].pg_loss nan" in line, line
+    (row,) = [json.loads(line, parse_constant=pytest.fail) for line in (tmp_path / "metrics.jsonl").open()]
+    assert row["members"][1]["pg_loss"] is None and row["members"][0]["pg_loss"] == 0.5
+    assert run.diverged == dict(global_step=10, losses=["pg_loss", "members[1].pg_loss"])
