@@ -532,10 +532,10 @@ def test_a_run_at_the_largest_seed_resumes(tmp_path):
     """A MuJoCo resume seeds its envs seed + global_step (envpool cannot save them): past int32 at --seed 2**31 - 1."""
     flags = ["--num-envs", "1", "--num-steps", "64", "--num-threads", "1", "--seed", str(BIG_SEED), "--save-model"]
     log_dir = tmp_path / "run"
-    run_script("ppo_continuous_action.py", *flags, "--total-timesteps", "128", log_dir=log_dir, timeout=300)
-    resume = ["--total-timesteps", "192", "--resume", str(log_dir / "agent.pt")]
+    run_script("ppo_continuous_action.py", *flags, "--total-timesteps", "64", log_dir=log_dir, timeout=300)
+    resume = ["--total-timesteps", "128", "--resume", str(log_dir / "agent.pt")]
     run_script("ppo_continuous_action.py", *flags, *resume, log_dir=log_dir, timeout=300)
-    assert [r["global_step"] for r in read_metrics(log_dir)] == [64, 128, 192]
+    assert [r["global_step"] for r in read_metrics(log_dir)] == [64, 128]
 
 
 def test_a_resume_with_another_seed_is_refused(tmp_path, capsys):
