@@ -85,8 +85,13 @@ class Unbroken:
             self.to_null()
 
     def to_null(self):
+        try:
+            fd = self.stream.fileno()
+        except (OSError, ValueError):  # a stream with no fd of its own: replaced
+            self.stream = open(os.devnull, "w")
+            return
         null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, self.stream.fileno())
+        os.dup2(null, fd)
         os.close(null)
         with contextlib.suppress(OSError):  # what the stream held back goes there too, not to a failed exit flush
             self.stream.flush()

@@ -3,6 +3,7 @@
 The scripts' own tests check that they call it (their smoke runs' logs, resume, bad input); this module checks what
 it does, against references written independently of it."""
 
+import io
 import json
 import os
 import sys
@@ -406,3 +407,16 @@ def test_a_closed_or_broken_stream_never_ends_a_run(redirect, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert json.loads((log_dir / "summary.json").read_text())["global_step"] == 50
     assert len((log_dir / "metrics.jsonl").read_text().splitlines()) == 50
+
+
+def test_a_broken_stream_without_a_file_descriptor_is_replaced():
+    """A stream with no fd of its own (a StringIO, pytest's capture) whose write fails: replaced by /dev/null."""
+
+    class Gone(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    stream = plumbing.Unbroken(Gone())
+    assert stream.write("a line\n") == 7
+    stream.write("another\n")
+    stream.flush()
