@@ -127,7 +127,9 @@ def check_args(args: Args) -> Optional[dict]:
 def make_env(args: Args, seed: int):
     # CleanRL's settings, as in our PPO Atari scripts: 84x84 grey, 4 stacked, frameskip 4, a life is an episode,
     # reward sign
-    return envpool.make(args.env_id, env_type="gym", num_envs=1, episodic_life=True, reward_clip=True, seed=seed)
+    return envpool.make(
+        args.env_id, env_type="gym", num_envs=1, episodic_life=True, reward_clip=True, seed=plumbing.envpool_seed(seed)
+    )
 
 
 class QNetwork(nn.Sequential):

@@ -1,21 +1,26 @@
 """The run plumbing every training script imports; no part of any algorithm or speed trick lives here.
 
 - `parse_args`, `fail`: a user mistake ends the run with one line on stderr and exit code 2, never a traceback.
+- `keep_streams` (from `parse_args`): a closed or broken stdout or stderr never ends a run.
 - `positive`, `positive_finite`, `non_negative_finite`, `unit_interval`, `probability`, `require`: range rules.
 - `check_env_id`: an env id of the wrong family names the script that takes it.
+- `check_minibatches`: the PPO scripts' minibatch count divides the batch and leaves no one-row minibatch.
 - `check_memory`: a run whose stores (rollout, replay buffer, env pools) will not fit in memory is refused.
 - `check_run`: the flags every script shares (seed, threads, burn-in, video, `--resume`, `--track`, `--log-dir`),
-  checked last.
+  checked last; the log dir claimed (`claim`) for the run's life.
 - `pick_device`: the learner's device; `--cudagraphs` without CUDA is dropped with one line.
+- `envpool_seed`: a derived env seed within envpool's int32.
 - `save_checkpoint` and `write_atomically` (a full disk leaves no partial file), `load_checkpoint` (`weights_only`,
   refuses another script's file).
 - `Episodes`: the returns of finished episodes, from the raw rewards.
-- `Run`: metrics.jsonl, summary.json, wandb (`--track`), the progress bar, steady-state fps, Ctrl-C and SIGTERM.
+- `Run`: metrics.jsonl, summary.json, wandb (`--track`), the progress bar, steady-state fps, Ctrl-C and SIGTERM, a
+  diverged run (non-finite losses) stopped before it saves.
 
 A script copied out of leanrl needs none of this: its algorithm and its tricks are all in the script.
 """
 
 import contextlib
+import fcntl
 import importlib.util
 import io
 import itertools
@@ -58,8 +63,67 @@ def script_name(file: str) -> str:
     return os.path.splitext(os.path.basename(file))[0]
 
 
+class Unbroken:
+    """sys.stdout or sys.stderr for a run that must outlive them: a closed terminal, or a reader gone (`| head -1`),
+    makes writes fail (EIO, EPIPE), which would end the run from inside the progress bar. The first failed write sends
+    the stream's fd to /dev/null; the run goes on and keeps its files."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError:
+            self.to_null()
+            return len(text)
+
+    def flush(self):
+        try:
+            self.stream.flush()
+        except OSError:
+            self.to_null()
+
+    def to_null(self):
+        try:
+            fd = self.stream.fileno()
+        except (OSError, ValueError):  # a stream with no fd of its own: replaced
+            self.stream = open(os.devnull, "w")
+            return
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+        with contextlib.suppress(OSError):  # what the stream held back goes there too, not to a failed exit flush
+            self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def keep_streams():
+    """stdout and stderr made `Unbroken`. One closed when the process started (`2>&-`) is None in sys: it becomes
+    /dev/null, and its fd, if still free, is taken by /dev/null, so that no file opened later gets it and the
+    messages written to it."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if isinstance(stream, Unbroken):
+            continue
+        if stream is None:
+            try:
+                os.fstat(fd)
+            except OSError:
+                null = os.open(os.devnull, os.O_WRONLY)
+                if null != fd:
+                    os.dup2(null, fd)
+                    os.close(null)
+            stream = open(os.devnull, "w")
+        setattr(sys, name, Unbroken(stream))
+
+
 def parse_args(cls):
-    """tyro's parse of `cls`, its multi-line error box folded into the one line a user mistake gets."""
+    """tyro's parse of `cls`, its multi-line error box folded into the one line a user mistake gets. First, so that
+    every message of the run has them, the streams are made `Unbroken`."""
+    keep_streams()
     try:
         with contextlib.redirect_stderr(err := io.StringIO()):
             return tyro.cli(cls)
@@ -111,6 +175,21 @@ def unit_interval(args, *names: str):
 
 def probability(args, *names: str):
     require(args, lambda v: 0 <= v <= 1, "in [0, 1]", *names)
+
+
+def check_minibatches(args, batch_size: int):
+    """The PPO scripts' `--num-minibatches`: it divides the batch, and under `--norm-adv` leaves two rows or more in a
+    minibatch (the advantages' std of one row is NaN: every loss and weight would be)."""
+    if batch_size % args.num_minibatches:
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
+            f"(num_envs x num_steps); pick a divisor of {batch_size}"
+        )
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        fail(
+            f"--num-minibatches {args.num_minibatches} makes minibatches of one row (the batch is {batch_size}): "
+            "--norm-adv's advantage std of one row is NaN; pick fewer minibatches or pass --no-norm-adv"
+        )
 
 
 # where each family's envs come from, and which script takes them, per algorithm
@@ -169,12 +248,12 @@ def check_run(
     args, script: str, same: tuple = ("env_id",), video: bool = False, lead: bool = True, step: int = 1
 ) -> Optional[dict]:
     """The flags every script shares, after its own: seed, threads and burn-in ranges, `--capture-video` (`video`:
-    whether the script can record), `--resume` (a checkpoint of this script, trained with the same `same` flags, with
-    at least `step` steps, the steps of one iteration, left to train), `--track` and, last so that a bad flag never
-    leaves a folder behind, `--log-dir` (default resolved into args and created under a name no other run has; a given
-    one must hold no other run unless `--resume` points into it; only by the process that writes there: `lead`).
-    Returns the checkpoint to resume from, if any. A warning (more threads than cores, wandb offline) comes last, once
-    every check has passed, so that a refused run says one line."""
+    whether the script can record), `--resume` (a checkpoint of this script, trained with the same seed and `same`
+    flags, with at least `step` steps, the steps of one iteration, left to train), `--track` and, last so that a bad
+    flag never leaves a folder behind, `--log-dir` (default resolved into args and created under a name no other run
+    has; a given one must hold no other run unless `--resume` points into it; only by the process that writes there:
+    `lead`). Returns the checkpoint to resume from, if any. A warning (more threads than cores, wandb offline) comes
+    last, once every check has passed, so that a refused run says one line."""
     require(args, lambda v: 0 <= v < 2**31, "in [0, 2**31)", "seed")
     positive(args, "num_threads")
     require(args, lambda v: v >= 0, "non-negative", "measure_burnin")
@@ -182,7 +261,8 @@ def check_run(
         fail("--capture-video is not supported here: envpool renders no frames")
     if args.capture_video and not all(importlib.util.find_spec(m) for m in ("moviepy", "pygame")):
         fail("--capture-video needs pygame and moviepy: pip install pygame moviepy")
-    ckpt = load_checkpoint(args, script, same) if args.resume else None
+    # a checkpoint goes on with its own random state: another --seed would only relabel the run
+    ckpt = load_checkpoint(args, script, ("seed", *same)) if args.resume else None
     if ckpt is not None and args.total_timesteps - ckpt["global_step"] < step:
         fail(
             f"--resume {args.resume} is already at step {ckpt['global_step']:,} of --total-timesteps "
@@ -199,14 +279,14 @@ def check_run(
     if not lead:  # a rank that writes nothing: rank 0 names and creates the folder
         args.log_dir = args.log_dir or default_log_dir(args, script)
         return ckpt
-    if args.log_dir is not None:
-        check_log_dir(args)
     try:
         args.log_dir = args.log_dir or new_folder(default_log_dir(args, script))
         os.makedirs(args.log_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=args.log_dir).close()
     except OSError as e:
         fail(f"--log-dir {args.log_dir or default_log_dir(args, script)}: cannot write there ({e.strerror or e})")
+    claim(args.log_dir)
+    check_log_dir(args)  # after the claim: a run that claimed the folder first and has since written there counts
     for line in filter(None, warnings):
         print(line, file=sys.stderr)
     return ckpt
@@ -225,6 +305,26 @@ def new_folder(path: str) -> str:
         with contextlib.suppress(FileExistsError):
             os.mkdir(name)
             return name
+
+
+# the log dirs this process holds: their open fd, locked until the process exits
+CLAIMED = {}
+
+
+def claim(log_dir: str):
+    """The run's hold on its log dir: an exclusive flock on the folder itself (no file left behind), held until the
+    process exits, however it exits (the kernel drops it). Of two runs started into one folder at once, which both
+    found it free of run files, the second is refused."""
+    key = os.path.realpath(log_dir)
+    if key in CLAIMED:  # this process's own run: a check made twice
+        return
+    fd = os.open(log_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        fail(f"--log-dir {log_dir} is being written by another run that is still going; pick a new folder")
+    CLAIMED[key] = fd
 
 
 def check_log_dir(args):
@@ -377,6 +477,13 @@ def pick_device(args) -> torch.device:
         print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
         args.cudagraphs = False
     return device
+
+
+def envpool_seed(seed: int) -> int:
+    """A derived env seed (seed + an env's index, a member's, a resumed run's step) as envpool takes it: an int32,
+    which envpool.make asserts. Wrapped in 32 bits as envpool itself wraps the seed of env i of a pool (seed + i), so
+    that a pool of its own gives an env the seed it has in one big pool."""
+    return (seed + 2**31) % 2**32 - 2**31
 
 
 # the layout of the checkpoints written through save_checkpoint (3: the replay buffers and the DQN env state); older
@@ -690,10 +797,10 @@ def machine_info(device: torch.device) -> dict:
 
 
 class StopFlag:
-    """Ctrl-C or SIGTERM asks the loop to stop at its next log line, where the state is consistent and a checkpoint
-    can be saved. A second one stops at once (no checkpoint), and so does the first before anything was logged. Once
-    the loop is over (`finishing`), signals wait for the final writes: a checkpoint cut in half is a traceback, a
-    stale temporary file and no summary; exit code 130 after them."""
+    """Ctrl-C, SIGTERM or SIGHUP asks the loop to stop at its next log line, where the state is consistent and a
+    checkpoint can be saved. A second one stops at once (no checkpoint), and so does the first before anything was
+    logged. Once the loop is over (`finishing`), signals wait for the final writes: a checkpoint cut in half is a
+    traceback, a stale temporary file and no summary; exit code 130 after them."""
 
     def __init__(self):
         self.set = False
@@ -702,6 +809,7 @@ class StopFlag:
         self.deferred = False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
+        signal.signal(signal.SIGHUP, self.handle)  # the terminal closed: a stop like any other, the files kept
 
     def handle(self, signum, frame):
         if self.finishing:
@@ -747,10 +855,36 @@ def keep_rows_until(path: str, step: int):
     )
 
 
+def non_finite(row: dict, prefix: str = "") -> dict:
+    """{name: value} of the row's numbers that are not finite, the members' rows of the seeds scripts included."""
+    found = {}
+    for key, value in row.items():
+        if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+            found[prefix + key] = value
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    found.update(non_finite(item, f"{prefix}{key}[{i}]."))
+    return found
+
+
+def strict_json(value):
+    """`value` with null for every number that is not finite: json.dumps writes a bare NaN, which is no JSON (a strict
+    reader, jq or a browser, refuses the whole file)."""
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [strict_json(item) for item in value]
+    if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+        return None
+    return value
+
+
 class Run:
     """A run's outputs: a metrics.jsonl row per `log`, wandb with `--track`, the progress bar, the steady-state fps,
     and summary.json from `finish`. Used as a context: Ctrl-C (or SIGTERM) sets `stopping`, a second one ends the
-    block at once and clears `consistent`, so no checkpoint of a half-done step is saved.
+    block at once and clears `consistent`, so no checkpoint of a half-done step is saved. A logged loss that is not
+    finite (or a policy torch.distributions refuses) stops the run as diverged, `consistent` cleared too.
 
         run = Run(args, SCRIPT, device, total_steps=args.total_timesteps, start_step=global_step)
         with run:
@@ -782,6 +916,7 @@ class Run:
         self.lead = lead
         self.stop = StopFlag()
         self.consistent = True
+        self.diverged = None  # the step and the losses that were not finite, once they were not
         self.fps = None
         self.mark = None  # (time, step) where steady state began
         self.untimed = 0.0  # seconds since the mark that were not training (`log(untimed=...)`)
@@ -829,7 +964,7 @@ class Run:
 
     @property
     def stopping(self) -> bool:
-        return self.stop.set
+        return self.stop.set or self.diverged is not None
 
     def __enter__(self):
         return self
@@ -843,7 +978,22 @@ class Run:
             self.stop.set = True
             self.consistent = False
             return True
+        # torch.distributions refuses non-finite parameters (the eager scripts' policies): the weights diverged within
+        # an iteration, before its log line could see the losses
+        if kind is ValueError and "found invalid values" in str(exc):
+            name = str(exc).split()[2]  # "Expected parameter logits (...)"
+            self.diverge(self.bar.n, [name], f"after step {self.bar.n:,}", f"the policy's {name}")
+            return True
         return False
+
+    def diverge(self, global_step: int, names: list, when: str, what: str):
+        """Training went non-finite: one line, the run stops, and nothing of it is saved over the last checkpoint."""
+        self.diverged = dict(global_step=global_step, losses=names)
+        self.consistent = False
+        self.say(
+            f"error: training diverged {when}: {what} not finite; the run stops without saving a checkpoint (the last "
+            "one is kept): resume from it with a lower learning rate"
+        )
 
     def log(self, global_step: int, steady: bool, untimed: float = 0.0, **row) -> dict:
         """One metrics.jsonl row (and a wandb point), with the time so far and the steady-state fps: env steps per
@@ -862,14 +1012,33 @@ class Run:
         if self.mark is not None and global_step > self.mark[1]:
             self.fps = (global_step - self.mark[1]) / (now - self.mark[0] - self.untimed)
         row = dict(global_step=global_step, time=now - self.start, fps=self.fps, **row)
+        # the loop's host sync has already brought the losses here: checking them costs no other
+        broken = non_finite(row)
+        if broken and self.diverged is None:
+            said = ", ".join(f"{name} {value}" for name, value in broken.items())
+            self.diverge(global_step, list(broken), f"at step {global_step:,}", said)
         if self.metrics:
-            self.metrics.write(json.dumps(row) + "\n")
+            try:
+                self.metrics.write(json.dumps(strict_json(row)) + "\n")
+            except OSError as e:
+                self.cannot_log(e)
         if self.wandb:
             self.wandb.log(row, step=global_step)
         self.bar.update(global_step - self.bar.n)
         self.bar.set_postfix(fps=f"{self.fps or 0:.0f}", ret=f"{row.get('episodic_return') or 0:.1f}", refresh=False)
         self.stop.logged = True
         return row
+
+    def cannot_log(self, error: OSError):
+        """metrics.jsonl can take no more rows (a full disk): the run stops here as Ctrl-C stops it, its checkpoint and
+        summary still tried, and exits 1."""
+        path = self.metrics.name
+        with contextlib.suppress(OSError):  # the row it holds back fails again
+            self.metrics.close()
+        self.metrics = None
+        UNWRITTEN.append(path)
+        self.stop.set = True
+        self.say(f"error: could not write {path} ({error.strerror or error}); the run stops at this step")
 
     def compile_time(self) -> Optional[float]:
         """What compiling added to the first interval between log lines (the one that compiled), against a steady
@@ -896,6 +1065,7 @@ class Run:
                 final_return=final_return,
                 compile_time=compile_time,
                 interrupted=self.stop.set,
+                diverged=self.diverged,
                 **extra,
             )
             write_atomically(os.path.join(self.args.log_dir, "summary.json"), json.dumps(summary, indent=2).encode())
@@ -912,7 +1082,8 @@ class Run:
 
     @property
     def exit_code(self) -> int:
-        """1 if a final write failed, 130 if a signal stopped the run or came during its final writes, else 0."""
-        if UNWRITTEN:
+        """1 if the run diverged or a final write failed, 130 if a signal stopped the run or came during its final
+        writes, else 0."""
+        if UNWRITTEN or self.diverged is not None:
             return 1
         return 130 if self.stop.set or self.stop.deferred else 0

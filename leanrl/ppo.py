@@ -101,11 +101,7 @@ def check_args(args: Args) -> Optional[dict]:
     plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
     plumbing.unit_interval(args, "gamma", "gae_lambda")
     batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches:
-        plumbing.fail(
-            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
-            f"(num_envs x num_steps); pick a divisor of {batch_size}"
-        )
+    plumbing.check_minibatches(args, batch_size)
     if args.total_timesteps < batch_size:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     if args.cudagraphs and args.cuda and torch.cuda.is_available():

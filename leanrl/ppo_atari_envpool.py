@@ -103,11 +103,7 @@ def check_args(args: Args) -> Optional[dict]:
     plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
     plumbing.unit_interval(args, "gamma", "gae_lambda")
     batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches:
-        plumbing.fail(
-            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
-            f"(num_envs x num_steps); pick a divisor of {batch_size}"
-        )
+    plumbing.check_minibatches(args, batch_size)
     if args.total_timesteps < batch_size:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     if args.cudagraphs and args.cuda and torch.cuda.is_available():
@@ -125,7 +121,12 @@ def make_envs(args: Args, seed: int):
     # CleanRL's settings: 84x84 grey frames, 4 stacked, frameskip 4; a lost life ends the (training) episode and
     # rewards are clipped to their sign. The real game score comes back unclipped in info["reward"].
     return envpool.make(
-        args.env_id, env_type="gym", num_envs=args.num_envs, episodic_life=True, reward_clip=True, seed=seed
+        args.env_id,
+        env_type="gym",
+        num_envs=args.num_envs,
+        episodic_life=True,
+        reward_clip=True,
+        seed=plumbing.envpool_seed(seed),
     )
 
 

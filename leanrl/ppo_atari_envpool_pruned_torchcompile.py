@@ -155,11 +155,7 @@ def check_args(args: Args) -> Optional[dict]:
     plumbing.positive(args, "prune_steps", "prune_every", "prune_start")
     plumbing.require(args, lambda v: 0 <= v < 1, "the fraction of channels removed, in [0, 1)", "prune_ratio")
     batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches:
-        plumbing.fail(
-            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
-            f"(num_envs x num_steps); pick a divisor of {batch_size}"
-        )
+    plumbing.check_minibatches(args, batch_size)
     if args.total_timesteps < batch_size:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     if args.target_kl is not None and args.cudagraphs:
@@ -180,7 +176,14 @@ def pool_sizes(args: Args) -> list:
 def make_envs(args: Args, seed: int, num_envs: int):
     # CleanRL's settings: 84x84 grey frames, 4 stacked, frameskip 4; a lost life ends the (training) episode and
     # rewards are clipped to their sign. The real game score comes back unclipped in info["reward"].
-    return envpool.make(args.env_id, env_type="gym", num_envs=num_envs, episodic_life=True, reward_clip=True, seed=seed)
+    return envpool.make(
+        args.env_id,
+        env_type="gym",
+        num_envs=num_envs,
+        episodic_life=True,
+        reward_clip=True,
+        seed=plumbing.envpool_seed(seed),
+    )
 
 
 def make_pools(args: Args, seed: int) -> list:

@@ -157,11 +157,7 @@ def check_args(args: Args) -> Optional[dict]:
             f"--compile-swap-iteration needs --compile-async and an iteration >= 1, got {args.compile_swap_iteration}"
         )
     batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches:
-        plumbing.fail(
-            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
-            f"(num_envs x num_steps); pick a divisor of {batch_size}"
-        )
+    plumbing.check_minibatches(args, batch_size)
     if args.total_timesteps < batch_size:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     plumbing.check_env_id(args.env_id, "classic", "ppo")

@@ -163,11 +163,7 @@ def check_args(args: Args) -> Optional[dict]:
     plumbing.one_per_member(args, "learning_rates", "ent_coefs", "clip_coefs")
     plumbing.unit_interval(args, "gamma", "gae_lambda")
     batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches:
-        plumbing.fail(
-            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
-            f"(num_envs x num_steps); pick a divisor of {batch_size}"
-        )
+    plumbing.check_minibatches(args, batch_size)
     if args.total_timesteps < batch_size:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     plumbing.check_env_id(args.env_id, "mujoco", "ppo")
@@ -184,7 +180,7 @@ def make_envs(args: Args, seed: int) -> list:
     more envs per member the members' seeds overlap, and each member gets a pool of its own."""
 
     def make(seed, num_envs):
-        return envpool.make(args.env_id, env_type="gymnasium", num_envs=num_envs, seed=seed)
+        return envpool.make(args.env_id, env_type="gymnasium", num_envs=num_envs, seed=plumbing.envpool_seed(seed))
 
     if args.num_envs == 1:
         return [make(seed, args.num_seeds)]

@@ -136,11 +136,7 @@ def check_args(args: Args) -> Optional[dict]:
     plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
     plumbing.unit_interval(args, "gamma", "gae_lambda")
     batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches:
-        plumbing.fail(
-            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
-            f"(num_envs x num_steps); pick a divisor of {batch_size}"
-        )
+    plumbing.check_minibatches(args, batch_size)
     if args.total_timesteps < batch_size:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     plumbing.check_env_id(args.env_id, "mujoco", "ppo")
@@ -512,7 +508,7 @@ def main(args: Args):
         args.env_id,
         env_type="gymnasium",
         num_envs=args.num_envs,
-        seed=args.seed + (ckpt["global_step"] if ckpt else 0),
+        seed=plumbing.envpool_seed(args.seed + (ckpt["global_step"] if ckpt else 0)),
     )
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
     # global generator after compiling a function, which would replay numbers the loop drew before the compile

@@ -151,11 +151,7 @@ def check_args(args: Args) -> Optional[dict]:
     plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
     plumbing.unit_interval(args, "gamma", "gae_lambda")
     batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches:
-        plumbing.fail(
-            f"--num-minibatches {args.num_minibatches} does not divide the batch of {batch_size} "
-            f"(num_envs x num_steps); pick a divisor of {batch_size}"
-        )
+    plumbing.check_minibatches(args, batch_size)
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
     if args.total_timesteps < batch_size * args.world_size:
         plumbing.fail(

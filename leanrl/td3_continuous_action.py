@@ -206,7 +206,9 @@ def main(args: Args):
         )
 
     global_step = ckpt["global_step"] if ckpt else 0
-    env = envpool.make(args.env_id, env_type="gymnasium", num_envs=1, seed=args.seed + global_step)
+    env = envpool.make(
+        args.env_id, env_type="gymnasium", num_envs=1, seed=plumbing.envpool_seed(args.seed + global_step)
+    )
     rng = torch.Generator(device).manual_seed(args.seed)  # the buffer's sampling
     np_rng = np.random.default_rng(args.seed)  # the random actions before learning_starts
     n_obs = env.observation_space.shape[0]

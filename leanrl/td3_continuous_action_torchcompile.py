@@ -319,7 +319,9 @@ def main(args: Args):
     device = plumbing.pick_device(args)
 
     global_step = ckpt["global_step"] if ckpt else 0
-    env = envpool.make(args.env_id, env_type="gymnasium", num_envs=1, seed=args.seed + global_step)
+    env = envpool.make(
+        args.env_id, env_type="gymnasium", num_envs=1, seed=plumbing.envpool_seed(args.seed + global_step)
+    )
     # the loop's random numbers (the buffer's batches, the noise) come from its own generator: torch.compile restores
     # torch's global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed)

@@ -105,8 +105,15 @@ def conflicts(module) -> list:
         )
         out.append(
             (
+                "--num-minibatches",
+                ["--num-envs", "2", "--num-steps", "3", "--num-minibatches", "6"],
+                "one-row minibatches: their advantage std is NaN under --norm-adv",
+            )
+        )
+        out.append(
+            (
                 "--total-timesteps",
-                ["--num-envs", "4", "--num-steps", "8", "--total-timesteps", "16"],
+                ["--num-envs", "4", "--num-steps", "8", "--num-minibatches", "4", "--total-timesteps", "16"],
                 "less than one batch",
             )
         )

@@ -5,6 +5,7 @@ they run), `--track` without a login or a network, and the memory and threads a 
 Most of it is tested in this process against plumbing directly; one script (ppo.py, at the smoke flags) shows that the
 scripts' calls into it give the same behaviour end to end."""
 
+import importlib
 import json
 import os
 import socket
@@ -14,7 +15,18 @@ import pytest
 import torch
 
 import plumbing
-from conftest import PLUMBING_PROGRAM, SMOKE, assert_user_error, load_script, read_metrics, run_command, run_script
+from conftest import (
+    PLUMBING_PROGRAM,
+    ROOT,
+    SMOKE,
+    Child,
+    assert_user_error,
+    load_script,
+    read_metrics,
+    read_summary,
+    run_command,
+    run_script,
+)
 from test_plumbing import Args, refused
 
 CPU = torch.device("cpu")
@@ -431,3 +443,194 @@ def test_check_memory_puts_the_stores_on_a_cuda_learner_against_the_gpu(capsys, 
     assert "4.0 GiB is free on the GPU" in line and "--num-steps" in line
     args.cuda = False  # --no-cuda: the same rollout on the host fits
     plumbing.check_memory(args, "atari", rollout=8 * GIB)
+
+
+# --- issue 51: the edges not tried before ---------------------------------------------------------------------------
+
+
+def test_a_diverged_run_stops_keeps_no_checkpoint_and_says_so(tmp_path, capsys):
+    """A non-finite loss at a log line: one line naming the step and the loss, the row written as strict JSON, the run
+    asked to stop with no state worth saving (`consistent` false: the last checkpoint is kept), `diverged` in the
+    summary and a non-zero exit."""
+    run = plumbing.Run(Args(log_dir=str(tmp_path)), "some_script", CPU, total_steps=30)
+    with run:
+        run.log(10, steady=True, pg_loss=0.5, v_loss=1.0)
+        assert not run.stopping and run.consistent
+        run.log(20, steady=True, pg_loss=float("nan"), v_loss=float("inf"), td_loss=None)
+        assert run.stopping and not run.consistent
+    with pytest.raises(SystemExit) as e:
+        run.finish(20, final_return=None)
+    assert e.value.code == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if "training diverged" in line]
+    assert len(lines) == 1 and "step 20" in lines[0] and "pg_loss nan" in lines[0] and "v_loss inf" in lines[0], lines
+    rows = [
+        json.loads(line, parse_constant=pytest.fail) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert rows[1]["pg_loss"] is None and rows[1]["v_loss"] is None and rows[0]["pg_loss"] == 0.5
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["diverged"] == dict(global_step=20, losses=["pg_loss", "v_loss"])
+    assert summary["interrupted"] is False
+
+
+def test_a_script_that_diverges_keeps_the_last_good_checkpoint(finished_run, tmp_path):
+    """The issue's case: a good run resumed into its own folder with --learning-rate 1e30 (every weight NaN after the
+    first minibatch) leaves agent.pt as it was, exits 1 and says so in one line. In ppo.py the NaN logits fail
+    torch.distributions' check within the iteration, before any log line."""
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    for name, data in files(finished_run).items():
+        (log_dir / name).write_bytes(data)
+    good = (log_dir / "agent.pt").read_bytes()
+    flags = [*SMOKE[:4], "--total-timesteps", "512", "--num-threads", "1", "--learning-rate", "1e30", "--save-model"]
+    proc = run_script(
+        "ppo.py", *flags, "--resume", str(log_dir / "agent.pt"), log_dir=log_dir, check=False, timeout=300
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "training diverged" in line]
+    assert len(said) == 1 and "step 256" in said[0], proc.stderr
+    assert (log_dir / "agent.pt").read_bytes() == good
+    assert read_summary(log_dir)["diverged"]["global_step"] == 256
+
+
+def test_a_torchcompile_script_that_diverges_writes_no_checkpoint(tmp_path):
+    """ppo_torchcompile.py's units make no check of their own: the NaN losses reach the first log line, which stops
+    the run there."""
+    flags = [*SMOKE, "--num-threads", "1", "--learning-rate", "1e30", "--save-model"]
+    proc = run_script("ppo_torchcompile.py", *flags, log_dir=tmp_path / "run", check=False, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "training diverged" in line]
+    assert len(said) == 1 and "step 64" in said[0], proc.stderr
+    assert not (tmp_path / "run" / "agent.pt").exists()
+    assert len(read_metrics(tmp_path / "run")) == 1 and read_summary(tmp_path / "run")["diverged"]["global_step"] == 64
+
+
+BIG_SEED = 2**31 - 1  # the largest --seed: every seed derived from it (+ env, member, resumed step) is past int32
+
+
+def test_derived_env_seeds_wrap_as_envpool_wraps_them():
+    """envpool takes an int32 seed and seeds env i of a pool with seed + i in 32 bits: a pool's env past 2**31 - 1 is
+    the env of the wrapped seed. The seeds derived in the scripts (--split-envs pools, seeds members) wrap the same
+    way, so that a pool of its own gives an env the observations it has in one big pool."""
+    import envpool
+
+    pool = envpool.make("HalfCheetah-v4", env_type="gymnasium", num_envs=2, seed=BIG_SEED).reset()[0]
+    alone = envpool.make("HalfCheetah-v4", env_type="gymnasium", num_envs=1, seed=plumbing.envpool_seed(BIG_SEED + 1))
+    assert (alone.reset()[0][0] == pool[1]).all()
+    assert plumbing.envpool_seed(5) == 5 and plumbing.envpool_seed(2**31 + 5) == -(2**31) + 5
+
+
+def test_a_seeds_script_and_split_pools_build_their_envs_at_the_largest_seed():
+    """Member k seeded seed + k, the second --split-envs pool seed + num_envs / 2: no envpool AssertionError."""
+    seeds = load_script("ppo_continuous_action_seeds_torchcompile")
+    args = seeds.Args(num_seeds=2, num_envs=2)
+    assert len(seeds.make_envs(args, BIG_SEED)) == 2
+    atari = load_script("ppo_atari_envpool_torchcompile")
+    assert len(atari.make_pools(atari.Args(num_envs=2, split_envs=True), BIG_SEED)) == 2
+
+
+def test_a_run_at_the_largest_seed_resumes(tmp_path):
+    """A MuJoCo resume seeds its envs seed + global_step (envpool cannot save them): past int32 at --seed 2**31 - 1."""
+    flags = ["--num-envs", "1", "--num-steps", "64", "--num-threads", "1", "--seed", str(BIG_SEED), "--save-model"]
+    log_dir = tmp_path / "run"
+    run_script("ppo_continuous_action.py", *flags, "--total-timesteps", "64", log_dir=log_dir, timeout=300)
+    resume = ["--total-timesteps", "128", "--resume", str(log_dir / "agent.pt")]
+    run_script("ppo_continuous_action.py", *flags, *resume, log_dir=log_dir, timeout=300)
+    assert [r["global_step"] for r in read_metrics(log_dir)] == [64, 128]
+
+
+def test_a_resume_with_another_seed_is_refused(tmp_path, capsys):
+    """The checkpoint carries its run's random state: another --seed would go on with the old one while the logs and
+    the summary (and a seeds run's members) said the new one."""
+    path = str(tmp_path / "agent.pt")
+    plumbing.save_checkpoint(path, "some_script", Args(seed=1), global_step=10)
+    line = refused(capsys, plumbing.check_run, Args(seed=2, resume=path, log_dir=str(tmp_path / "b")), "some_script")
+    assert "--resume" in line and "--seed 1" in line, line
+    assert plumbing.check_run(Args(seed=1, resume=path, log_dir=str(tmp_path / "a")), "some_script") is not None
+
+
+def test_a_full_disk_mid_run_stops_it_as_ctrl_c_does(tmp_path, capsys, monkeypatch):
+    """metrics.jsonl on a full disk (/dev/full: every write fails with ENOSPC): the row's write says so in one line and
+    stops the run at that log line with its state consistent, so the checkpoint and the summary are still tried; exit
+    code 1, no traceback."""
+    monkeypatch.setattr(plumbing, "UNWRITTEN", [])
+    (tmp_path / "metrics.jsonl").symlink_to("/dev/full")
+    run = plumbing.Run(Args(log_dir=str(tmp_path)), "some_script", CPU, total_steps=30)
+    with run:
+        run.log(10, steady=True, pg_loss=0.5)
+        assert run.stopping and run.consistent
+    plumbing.save_checkpoint(str(tmp_path / "agent.pt"), "some_script", Args(), global_step=10)
+    with pytest.raises(SystemExit) as e:
+        run.finish(10, final_return=None)
+    assert e.value.code == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "metrics.jsonl" in errors[0] and os.strerror(28) in errors[0], errors  # ENOSPC
+    assert json.loads((tmp_path / "summary.json").read_text())["interrupted"] is True
+    assert torch.load(tmp_path / "agent.pt", weights_only=True)["global_step"] == 10
+
+
+@pytest.mark.parametrize(
+    "script,state,words",
+    [
+        (
+            "ppo_seeds_torchcompile",
+            dict(agent={"actor.0.weight": torch.zeros(2, 64, 4), "actor.4.weight": torch.zeros(2, 2, 64)}),
+            ["ppo_seeds_torchcompile.py", "2 agents", "one agent"],
+        ),
+        ("dqn", dict(q_network={"network.0.weight": torch.zeros(120, 4)}), ["dqn.py", "DQN"]),
+        (
+            "sac_continuous_action",
+            dict(actor={"fc1.weight": torch.zeros(256, 17)}),
+            ["sac_continuous_action.py", "SAC"],
+        ),
+    ],
+)
+def test_eval_compressed_says_what_it_does_not_support(script, state, words, tmp_path, capsys, monkeypatch):
+    """A seeds run's checkpoint (its agents stacked) was a ValueError traceback; DQN's and SAC's were called "not a
+    checkpoint written by --save-model", which they are: one line saying what the tool does not evaluate."""
+    monkeypatch.syspath_prepend(str(ROOT / "leanrl" / "tools"))
+    ec = importlib.import_module("eval_compressed")
+    path = tmp_path / "agent.pt"
+    args = dict(env_id="CartPole-v1", num_seeds=2) if "seeds" in script else dict(env_id="CartPole-v1")
+    torch.save(dict(script=script, format=plumbing.CHECKPOINT_FORMAT, args=args, **state), path)
+    line = refused(capsys, ec.load_agent, ec.Args(checkpoint=str(path)))
+    assert "not a checkpoint" not in line and all(w in line for w in words), line
+
+
+CLAIM = """
+import sys, time
+sys.path[:0] = ["leanrl", "tests"]
+import plumbing
+from test_plumbing import Args
+
+plumbing.check_run(Args(log_dir=sys.argv[1]), "s")
+print("claimed", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_log_dir_is_claimed_by_the_run_that_gets_it(tmp_path, capsys):
+    """Two runs started into one --log-dir at once both found it empty and both wrote there. A run holds its folder
+    from its check on: a second run's check while the first lives is refused in one line; once the first is gone
+    (even killed), the folder is free again."""
+    log_dir = tmp_path / "run"
+    first = Child([sys.executable, "-c", CLAIM, str(log_dir)], tmp_path / "first")
+    first.wait_until(lambda: "claimed" in first.stdout, 120, "its check_run")
+    line = refused(capsys, plumbing.check_run, Args(log_dir=str(log_dir)), "some_script")
+    assert "--log-dir" in line and "another run" in line, line
+    first.kill()
+    plumbing.check_run(Args(log_dir=str(log_dir)), "some_script")
+
+
+def test_a_seeds_run_names_the_member_that_diverged(tmp_path, capsys):
+    """The seeds scripts log each member's losses in `members`: the line names the member's, and its row is strict
+    JSON too. (The whole run stops: its members share one checkpoint.)"""
+    run = plumbing.Run(Args(log_dir=str(tmp_path)), "some_script", CPU, total_steps=10)
+    members = [dict(seed=1, pg_loss=0.5), dict(seed=2, pg_loss=float("nan"))]
+    with run:
+        run.log(10, steady=True, pg_loss=float("nan"), members=members)
+    assert run.stopping and not run.consistent
+    line = next(line for line in capsys.readouterr().err.splitlines() if "training diverged" in line)
+    assert "members[1].pg_loss nan" in line, line
+    (row,) = [json.loads(line, parse_constant=pytest.fail) for line in (tmp_path / "metrics.jsonl").open()]
+    assert row["members"][1]["pg_loss"] is None and row["members"][0]["pg_loss"] == 0.5
+    assert run.diverged == dict(global_step=10, losses=["pg_loss", "members[1].pg_loss"])

@@ -3,6 +3,7 @@
 The scripts' own tests check that they call it (their smoke runs' logs, resume, bad input); this module checks what
 it does, against references written independently of it."""
 
+import io
 import json
 import os
 import sys
@@ -368,3 +369,54 @@ def test_the_second_signal_can_be_sigterm(tmp_path):
     code = STOP.replace("signal.SIGINT", "signal.SIGTERM")
     proc = run_command([sys.executable, "-c", code, str(tmp_path), "after"], tmp_path / "term", timeout=120)
     assert proc.returncode == 130 and proc.stdout.splitlines() == ["stopping True", "consistent False"]
+
+
+def test_sighup_stops_a_run_as_sigterm_does(tmp_path):
+    """A closed terminal (SIGHUP) stops the run at its next log line, as Ctrl-C and SIGTERM do: files kept."""
+    code = STOP.replace("signal.SIGINT", "signal.SIGHUP")
+    proc = run_command([sys.executable, "-c", code, str(tmp_path), "after"], tmp_path / "hup", timeout=120)
+    assert proc.returncode == 130 and proc.stdout.splitlines() == ["stopping True", "consistent False"], proc.stderr
+
+
+STREAMS = (
+    PLUMBING_PROGRAM
+    + """
+import torch
+
+os.makedirs(sys.argv[1])
+sys.argv = ["s", "--log-dir", sys.argv[1]]
+run = plumbing.Run(plumbing.parse_args(A), "s", torch.device("cpu"), total_steps=50)
+with run:
+    for step in range(1, 51):
+        run.log(step, steady=True)
+        print("row", step, file=sys.stderr, flush=True)
+        print("row", step, flush=True)
+        time.sleep(0.01)  # the reader of `| head -1` is gone well before the run ends
+run.finish(50, final_return=1.0)
+"""
+)
+
+
+@pytest.mark.parametrize("redirect", ["2>&- >&-", "2>&1 | head -1 >/dev/null"])
+def test_a_closed_or_broken_stream_never_ends_a_run(redirect, tmp_path):
+    """stderr and stdout closed (`2>&-`), or read by a reader that is gone (`| head -1`): the run goes to its end,
+    writes its summary and exits 0."""
+    log_dir = tmp_path / "run"
+    shell = f'"$0" -c "$1" "$2" {redirect}; exit ${{PIPESTATUS[0]}}'
+    proc = run_command(["bash", "-c", shell, sys.executable, STREAMS, str(log_dir)], tmp_path / "out", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((log_dir / "summary.json").read_text())["global_step"] == 50
+    assert len((log_dir / "metrics.jsonl").read_text().splitlines()) == 50
+
+
+def test_a_broken_stream_without_a_file_descriptor_is_replaced():
+    """A stream with no fd of its own (a StringIO, pytest's capture) whose write fails: replaced by /dev/null."""
+
+    class Gone(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    stream = plumbing.Unbroken(Gone())
+    assert stream.write("a line\n") == 7
+    stream.write("another\n")
+    stream.flush()

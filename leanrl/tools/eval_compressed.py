@@ -102,13 +102,25 @@ def load_agent(args: Args):
     shapes, so any script's checkpoint of a known architecture loads."""
     try:
         ckpt = torch.load(args.checkpoint, weights_only=True, map_location="cpu")
-        state = ckpt["agent"]
-        keys = set(state)
+        saved = ckpt.get("args", {})
     except Exception as e:  # a corrupt or foreign file is a user mistake, not a crash
         plumbing.fail(f"{args.checkpoint}: not a checkpoint written by --save-model ({type(e).__name__})")
-    saved = ckpt.get("args", {})
+    script = ckpt.get("script") or saved.get("exp_name", "unknown script")
+    if "agent" not in ckpt and "script" in ckpt:  # an off-policy script's: its networks are not an actor-critic
+        plumbing.fail(
+            f"{args.checkpoint} was written by {script}.py: this tool evaluates the PPO scripts' classic-control and "
+            f"Atari agents, not {script.split('_')[0].upper()}'s networks"
+        )
+    if "agent" not in ckpt:
+        plumbing.fail(f"{args.checkpoint}: not a checkpoint written by --save-model (no agent in it)")
+    if saved.get("num_seeds"):
+        plumbing.fail(
+            f"{args.checkpoint} was written by {script}.py and holds its {saved['num_seeds']} agents stacked: this "
+            "tool evaluates one agent, as the scripts without --num-seeds save it"
+        )
+    state = ckpt["agent"]
+    keys = set(state)
     env_id = args.env_id or saved.get("env_id")
-    script = saved.get("exp_name", "unknown script")
     if env_id is None:
         plumbing.fail(f"{args.checkpoint} does not say which env it was trained on; pass --env-id")
     if "network.0.weight" in keys:
