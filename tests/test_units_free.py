@@ -1,8 +1,9 @@
 """A trick copied without the plumbing (issue 50): in every torchcompile and seeds script, read from its syntax tree,
-no unit (a function or class of the script other than `main`, `Args` and the flag checks, `check_*`) names the
-plumbing module, no plumbing object (`plumbing.Episodes(...)`, `plumbing.Run(...)`, ...) is handed to a unit, and the
-compile block (`if args.compile:`, `if args.cudagraphs:`) names nothing from the plumbing either. A user pastes the
-units and the block into a CleanRL-style script that has no plumbing module."""
+no unit (a function or class of the script other than `main`, `Args`, the flag checks `check_*` and the env setup
+`make_env*`, which a CleanRL script has of its own) names the plumbing module, no plumbing object
+(`plumbing.Episodes(...)`, `plumbing.Run(...)`, ...) is handed to a unit, and the compile block (`if args.compile:`,
+`if args.cudagraphs:`) names nothing from the plumbing either. A user pastes the units and the block into a
+CleanRL-style script that has no plumbing module."""
 
 import ast
 import glob
@@ -13,11 +14,11 @@ import pytest
 from conftest import ROOT
 
 SCRIPTS = sorted(Path(p).name for p in glob.glob(str(ROOT / "leanrl" / "*_torchcompile.py")))
-OUTSIDE = {"main", "Args"}  # the loop and the flags, with the flag checks (`check_*`): the plumbing's to serve
+OUTSIDE = {"main", "Args"}  # the loop and the flags, with the flag checks and the env setup: the plumbing's to serve
 
 
 def outside(name: str) -> bool:
-    return name in OUTSIDE or name.startswith("check_")
+    return name in OUTSIDE or name.startswith(("check_", "make_env"))
 
 
 def names_plumbing(node) -> list:
