@@ -153,10 +153,6 @@ def check_args(args: Args) -> Optional[dict]:
         plumbing.fail(
             f"--total-timesteps {args.total_timesteps} is below one batch ({batch_size} steps x {world_size} ranks)"
         )
-    if args.target_kl is not None and args.cudagraphs:
-        plumbing.fail(
-            "--target-kl reads the KL on the host after every epoch, which CUDA graphs exist to avoid; drop one"
-        )
     plumbing.check_env_id(args.env_id, "atari", "ppo")
     # the rollout: uint8 frames, an int64 action and four floats (log-prob, reward, done, value) per env step
     plumbing.check_memory(args, "atari", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 24))
