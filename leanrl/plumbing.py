@@ -439,13 +439,14 @@ def available_memory() -> Optional[int]:
     return free
 
 
-def check_memory(args, family: str, **stores: int):
+def check_memory(args, family: str, members: int = 1, **stores: int):
     """Refuse, before any work, a run that cannot fit in memory: `stores` are the bytes of its big stores on the
     learner's device (`rollout`, `replay_buffer`: SIZED_BY names their flags), the env pools (`--num-envs` x
-    ENV_BYTES[family]) are on the host. Without this a run the machine cannot hold is killed by the kernel without a
-    word, or fails hours in, when its replay buffer fills. torchrun's ranks on one machine share its memory."""
+    ENV_BYTES[family], for each of a seeds run's `members`) are on the host. Without this a run the machine cannot hold
+    is killed by the kernel without a word, or fails hours in, when its replay buffer fills. torchrun's ranks on one
+    machine share its memory."""
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    host = dict(envs=args.num_envs * ENV_BYTES[family])
+    host = dict(envs=members * args.num_envs * ENV_BYTES[family])
     if args.cuda and torch.cuda.is_available():
         index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
         fits(args, stores, torch.cuda.mem_get_info(index)[0], "free on the GPU", 1)
@@ -461,6 +462,8 @@ def fits(args, stores: dict, free: Optional[int], where: str, ranks: int):
         return
     big = sorted((store for store in stores if stores[store] * ranks >= need / 20), key=stores.get, reverse=True)
     flags = list(dict.fromkeys(name for store in big for name in SIZED_BY[store]))  # largest store's first, once each
+    if getattr(args, "num_seeds", 1) > 1:  # a seeds run: every member has its own envs and rollout
+        flags.append("num_seeds")
     parts = ", ".join(f"{store.replace('_', ' ')} {stores[store] / GIB:.1f} GiB" for store in big)
     each = f" per rank, {ranks} ranks on this machine" if ranks > 1 else ""
     sizes = " ".join(f"{flag(name)} {getattr(args, name)}" for name in flags)

@@ -161,7 +161,9 @@ def check_args(args: Args) -> Optional[dict]:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
     plumbing.check_env_id(args.env_id, "atari", "ppo")
     # the rollout: uint8 frames, an int64 action and four floats (log-prob, reward, done, value) per env step
-    plumbing.check_memory(args, "atari", rollout=args.num_seeds * batch_size * (plumbing.spaces(args.env_id)[0] + 24))
+    plumbing.check_memory(
+        args, "atari", args.num_seeds, rollout=args.num_seeds * batch_size * (plumbing.spaces(args.env_id)[0] + 24)
+    )
     return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps", "num_seeds"), step=batch_size)
 
 

@@ -169,7 +169,10 @@ def check_args(args: Args) -> Optional[dict]:
     plumbing.check_env_id(args.env_id, "mujoco", "ppo")
     # the rollout: float32 observations and actions, and four floats (log-prob, reward, done, value) per env step
     plumbing.check_memory(
-        args, "mujoco", rollout=args.num_seeds * batch_size * (sum(plumbing.spaces(args.env_id)) + 4) * 4
+        args,
+        "mujoco",
+        args.num_seeds,
+        rollout=args.num_seeds * batch_size * (sum(plumbing.spaces(args.env_id)) + 4) * 4,
     )
     return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps", "num_seeds"), step=batch_size)
 

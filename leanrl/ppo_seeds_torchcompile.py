@@ -158,7 +158,7 @@ def check_args(args: Args) -> Optional[dict]:
     plumbing.check_env_id(args.env_id, "classic", "ppo")
     # the rollout: float32 observations and five floats (action, log-prob, reward, done, value) per env step
     plumbing.check_memory(
-        args, "classic", rollout=args.num_seeds * batch_size * (plumbing.spaces(args.env_id)[0] + 5) * 4
+        args, "classic", args.num_seeds, rollout=args.num_seeds * batch_size * (plumbing.spaces(args.env_id)[0] + 5) * 4
     )
     return plumbing.check_run(
         args, SCRIPT, same=("env_id", "num_envs", "num_steps", "num_seeds"), video=True, step=batch_size
