@@ -53,7 +53,8 @@ class Args:
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     num_envs: int = 1
-    """the number of parallel game environments"""
+    """the number of parallel game environments (more than one: the envs share one set of observation and reward
+    statistics, where CleanRL's wrappers keep one per env)"""
     num_steps: int = 2048
     """the number of steps to run in each environment per policy rollout"""
     anneal_lr: bool = True

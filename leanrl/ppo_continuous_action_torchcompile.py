@@ -74,7 +74,8 @@ class Args:
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     num_envs: int = 1
-    """the number of parallel game environments"""
+    """the number of parallel game environments (more than one: the envs share one set of observation and reward
+    statistics, where CleanRL's wrappers keep one per env)"""
     num_steps: int = 2048
     """the number of steps to run in each environment per policy rollout"""
     anneal_lr: bool = True
@@ -160,7 +161,8 @@ def env_step(envs, action: np.ndarray):
 class Normalizer:
     """CleanRL's NormalizeObservation + clip and NormalizeReward + clip, as ppo_continuous_action.py's (gymnasium's
     semantics: an episode's last obs enters the statistics, the discounted return restarts only at a termination) for
-    all envs at once (one set of statistics fed every env's values each step). The statistics (mean, population
+    all envs at once (one set of statistics fed every env's values each step, where CleanRL's wrappers keep one per
+    env: the same at its default of one env). The statistics (mean, population
     variance, count; from gymnasium's 0, 1, 1e-4) are float64 tensors where the rollout acts, updated in place so
     compiled code and CUDA graphs keep reading the same storage; the discounted returns accumulate on the host."""
 
