@@ -593,3 +593,17 @@ def test_cleanrl_page_and_plots(tmp_path, report_module, monkeypatch, capsys):
     with pytest.raises(SystemExit) as stopped:
         report_module.main()
     assert stopped.value.code == 2
+
+
+def test_fastest_column_compares_the_same_agent(tmp_path):
+    """`pruned` trains a smaller network, another agent: the fastest column names the fastest configuration that
+    trains the baseline's agent, and shows `pruned` apart, as a smaller network (issue 51: it credited `pruned`)."""
+    runs = tmp_path / "runs"
+    fake_run(runs / "classic/01-baseline/1", "CartPole-v1", 1000, 100, 10.0)
+    fake_run(runs / "classic/03-compile/1", "CartPole-v1", 1000, 300, 10.0)
+    fake_run(runs / "classic/07-pruned/1", "CartPole-v1", 1000, 400, 10.0)
+    fake_run(runs / "classic/09-env-alone/1", "CartPole-v1", 1000, 1000, None)
+    proc = report(runs, tmp_path / "doc")
+    assert proc.returncode == 0, proc.stderr
+    row = next(ln for ln in (tmp_path / "doc/fps_table.md").read_text().splitlines() if ln.startswith("| classic"))
+    assert row.endswith("| 3.00x (`compile`), 30% of `env-alone`; `pruned` (a smaller network) 4.00x |"), row

@@ -191,7 +191,8 @@ def first_summary(configs: dict) -> dict:
 
 
 def headline(data: dict, columns: list) -> list:
-    """LeanRL's table: one row per family, the median fps of each configuration, the best speed-up."""
+    """LeanRL's table: one row per family, the median fps of each configuration, the best speed-up of those that
+    train the baseline's agent, and `pruned`'s apart."""
     head = ["family (env, steps per run)"] + [f"`{column_name(c)}`" for c in columns] + ["fastest vs baseline"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for family, configs in data.items():
@@ -200,7 +201,15 @@ def headline(data: dict, columns: list) -> list:
         for column in columns:
             c = configs.get(column)
             cells.append("not run" if c is None else f"skipped: {c.skipped}" if c.skipped else fmt(c.median_fps))
-        measured = {name: c.median_fps for name, c in configs.items() if c.median_fps and not is_env_alone(name)}
+        # the contenders train the baseline's agent: the env alone is the ceiling, `pruned` a smaller network
+        measured = {
+            name: c.median_fps
+            for name, c in configs.items()
+            if c.median_fps and not is_env_alone(name) and column_name(name) != "pruned"
+        }
+        pruned = next(
+            (c.median_fps for name, c in configs.items() if column_name(name) == "pruned" and c.median_fps), None
+        )
         first = next(iter(configs))  # the family's first configuration: 01-baseline, or teacher's 10-large-alone
         base = measured.get(first)
         best = max(measured, key=measured.get, default=None)
@@ -209,6 +218,7 @@ def headline(data: dict, columns: list) -> list:
         cells.append(
             (f"{measured[best] / base:.2f}x (`{column_name(best)}`){versus}" if base and best else "-")
             + (f", {measured[best] / ceiling:.0%} of `env-alone`" if best and ceiling else "")
+            + (f"; `pruned` (a smaller network) {pruned / base:.2f}x" if base and pruned else "")
         )
         lines.append("| " + " | ".join(cells) + " |")
     return lines
