@@ -622,6 +622,17 @@ def set_env_state(env, state: dict):
         u.steps_beyond_terminated = state["beyond"]
 
 
+def vector_env_state(envs) -> list:
+    """`env_state` of each env of a gymnasium vector env."""
+    return [env_state(env) for env in envs.envs]
+
+
+def set_vector_env_state(envs, states: list):
+    """`vector_env_state`'s states back into each env of `envs`."""
+    for env, state in zip(envs.envs, states):
+        set_env_state(env, state)
+
+
 class Episodes:
     """Returns of the last `window` finished episodes, summed from the rewards given (the raw, unclipped ones)."""
 

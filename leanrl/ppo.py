@@ -130,38 +130,6 @@ def make_envs(args: Args, video_dir: str):
     )
 
 
-def env_parts(env):
-    limit = env
-    while not isinstance(limit, gym.wrappers.TimeLimit):
-        limit = limit.env
-    return env.unwrapped, limit
-
-
-def env_state(envs) -> list:
-    """Everything that moves in a classic-control vector env: a checkpoint holding it resumes bit for bit."""
-    out = []
-    for env in envs.envs:
-        u, limit = env_parts(env)
-        state = dict(
-            state=torch.as_tensor(np.array(u.state, dtype=np.float64)),
-            rng=u.np_random.bit_generator.state,
-            elapsed=limit._elapsed_steps,
-            beyond=getattr(u, "steps_beyond_terminated", None),
-        )
-        out.append(state)
-    return out
-
-
-def set_env_state(envs, states: list):
-    for env, s in zip(envs.envs, states):
-        u, limit = env_parts(env)
-        u.state = s["state"].numpy()
-        u.np_random.bit_generator.state = s["rng"]
-        limit._elapsed_steps = s["elapsed"]
-        if hasattr(u, "steps_beyond_terminated"):
-            u.steps_beyond_terminated = s["beyond"]
-
-
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -239,7 +207,7 @@ def main(args: Args):
         optimizer.load_state_dict(ckpt["optimizer"])
         torch.set_rng_state(ckpt["torch_rng"])
         rng.bit_generator.state = ckpt["np_rng"]
-        set_env_state(envs, ckpt["env"])
+        plumbing.set_vector_env_state(envs, ckpt["env"])
         next_obs = ckpt["next_obs"].to(device)
         next_done = ckpt["next_done"].to(device)
         episodes.load(ckpt["episodes"])
@@ -388,7 +356,7 @@ def main(args: Args):
             global_step=global_step,
             torch_rng=torch.get_rng_state(),
             np_rng=rng.bit_generator.state,
-            env=env_state(envs),
+            env=plumbing.vector_env_state(envs),
             next_obs=next_obs.cpu(),
             next_done=next_done.cpu(),
             episodes=episodes.state(),

@@ -190,35 +190,6 @@ def make_envs(args: Args, video_dir: str):
     )
 
 
-def env_parts(env):
-    limit = env
-    while not isinstance(limit, gym.wrappers.TimeLimit):
-        limit = limit.env
-    return env.unwrapped, limit
-
-
-def env_state(envs) -> list:
-    """Everything that moves in a classic-control vector env: a checkpoint holding it resumes bit for bit."""
-    return [
-        dict(
-            state=torch.as_tensor(np.array(u.state, dtype=np.float64)),
-            rng=u.np_random.bit_generator.state,
-            elapsed=limit._elapsed_steps,
-            beyond=getattr(u, "steps_beyond_terminated", None),
-        )
-        for u, limit in map(env_parts, envs.envs)
-    ]
-
-
-def set_env_state(envs, states: list):
-    for (u, limit), s in zip(map(env_parts, envs.envs), states):
-        u.state = s["state"].numpy()
-        u.np_random.bit_generator.state = s["rng"]
-        limit._elapsed_steps = s["elapsed"]
-        if hasattr(u, "steps_beyond_terminated"):
-            u.steps_beyond_terminated = s["beyond"]
-
-
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -599,7 +570,7 @@ def main(args: Args):
         agent.load_state_dict(ckpt["agent"])
         plumbing.load_optimizer(optimizer, ckpt["optimizer"])
         rng.set_state(ckpt["rng"])
-        set_env_state(envs, ckpt["env"])
+        plumbing.set_vector_env_state(envs, ckpt["env"])
         next_obs = ckpt["next_obs"].numpy()
         next_done = ckpt["next_done"].numpy()
         episodes.load(ckpt["episodes"])
@@ -710,7 +681,7 @@ def main(args: Args):
             iteration=iteration,
             global_step=global_step,
             rng=rng.get_state(),
-            env=env_state(envs),
+            env=plumbing.vector_env_state(envs),
             next_obs=torch.from_numpy(next_obs),
             next_done=torch.from_numpy(next_done),
             episodes=episodes.state(),
