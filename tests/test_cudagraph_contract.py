@@ -4,12 +4,13 @@ Each script runs with `--compile --cudagraphs` at its smallest budget under test
 `--cudagraphs` on without CUDA and stands in for every `CudaGraphModule` the script builds: each unit a CUDA graph would
 capture must see one input signature from its capture on, trace whole under dynamo (the three breaks of LeanRL's
 update idiom aside), keep its tensors and its optimizers' state on the learner's device with `capturable` as that
-device asks, and neither write its inputs, return tensors that require grad, nor draw from torch's global generator.
-Then the run is resumed from the checkpoint a CUDA-graph run would have written (capturable Adam state): the resumed
-run must take its own settings, not the checkpoint's, and step with the lr it logs. The DDP scripts also run on two
-ranks, where the update holds the gradient all-reduce.
+device asks, and neither write its inputs, return tensors that require grad, nor draw from torch's global generator;
+and, run once on a simulated CUDA device, read or make nothing on the host. Then the run is resumed from the
+checkpoint a CUDA-graph run would have written (capturable Adam state): the resumed run must take its own settings,
+not the checkpoint's, and step with the lr it logs. The DDP scripts also run on two ranks, where the update holds the
+gradient all-reduce.
 
-What the CPU cannot show (the devices of a CUDA run, the capture itself) `tests/test_gpu.py` checks on a GPU.
+What the CPU cannot show (a real CUDA run's speed and memory, the capture itself) `tests/test_gpu.py` checks on a GPU.
 """
 
 import json
