@@ -1,9 +1,12 @@
 """The GPU path without a GPU (DESIGN.md, "The CUDA-graph contract"): the simulated CUDA device of
-tests/cudagraph_contract.py.
+tests/cudagraph_contract.py, and checkpoints that cross devices.
 
 tests/test_cudagraph_contract.py runs every unit of every torchcompile script once on the simulated device; here the
 simulation itself is checked to see what it must (a tensor made on the host inside a unit, optimizer state or an lr
-left on the host, a host read) and to pass what a CUDA run does right.
+left on the host, a host read) and to pass what a CUDA run does right. `plumbing.restore_rngs` is checked both ways:
+a CUDA generator's state (16 bytes) resumed on a CPU, a CPU one's (5,056) on CUDA, where no CUDA generator can exist
+here: a stand-in with a CUDA generator's state takes its place. Every script's CUDA-to-CPU resume runs in
+tests/test_cudagraph_contract.py.
 """
 
 import functools
@@ -13,6 +16,9 @@ import torch
 from torch.optim.adam import adam
 
 import cudagraph_contract as contract
+import plumbing
+
+CUDA_STATE = torch.zeros(plumbing.CUDA_RNG_STATE_BYTES, dtype=torch.uint8)
 
 
 def step(model, optimizer, lr, x, target, *, make=None):
@@ -95,3 +101,68 @@ def test_an_lr_left_on_the_host_is_seen():
 def test_a_host_read_inside_a_unit_is_seen():
     found = simulated(make=lambda out: out.item())
     assert found and "item" in found, found
+
+
+class CudaGenerator:
+    """What `restore_rngs` sees of a CUDA generator: its 16-byte state and its device."""
+
+    device = torch.device("cuda")
+
+    def __init__(self):
+        self.state = CUDA_STATE.clone()
+        self.seeded = None
+
+    def get_state(self):
+        return self.state
+
+    def set_state(self, state):
+        assert len(state) == len(self.state), "a CPU generator's state set into a CUDA generator"
+        self.state = state
+
+    def manual_seed(self, seed):
+        self.seeded = seed
+        return self
+
+
+def draws(rng) -> torch.Tensor:
+    return torch.rand(8, generator=rng)
+
+
+def one_line(capsys) -> str:
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_a_generator_resumed_on_its_own_device_goes_on_with_its_stream(capsys):
+    written = torch.Generator().manual_seed(3)
+    draws(written)
+    resumed = torch.Generator().manual_seed(99)
+    plumbing.restore_rngs([resumed], [written.get_state()], [3], 100)
+    assert torch.equal(draws(resumed), draws(written))
+    assert capsys.readouterr().err == ""
+
+
+def test_a_cuda_checkpoint_resumed_on_a_cpu_goes_on_reseeded_from_seed_and_step(capsys):
+    first, again, later = (torch.Generator() for _ in range(3))
+    plumbing.restore_rngs([first], [CUDA_STATE], [3], 100)
+    line = one_line(capsys)
+    assert "CUDA" in line and "cpu" in line and "100" in line, line
+    plumbing.restore_rngs([again], [CUDA_STATE], [3], 100)
+    plumbing.restore_rngs([later], [CUDA_STATE], [3], 200)
+    capsys.readouterr()
+    assert torch.equal(draws(first), draws(again)), "the same checkpoint resumes to the same numbers"
+    assert not torch.equal(draws(first), draws(later)), "another step, another stream"
+
+
+def test_a_cpu_checkpoint_resumed_on_cuda_goes_on_reseeded_from_seed_and_step(capsys):
+    members = [CudaGenerator(), CudaGenerator()]
+    cpu_state = torch.Generator().manual_seed(3).get_state()
+    plumbing.restore_rngs(members, [cpu_state, cpu_state], [3, 4], 100)
+    line = one_line(capsys)
+    assert "CPU" in line and "cuda" in line and "100" in line, line
+    seeds = [g.seeded for g in members]
+    assert None not in seeds and seeds[0] != seeds[1], "each member its own stream"
+    again = CudaGenerator()
+    plumbing.restore_rngs([again], [cpu_state], [3], 100)
+    assert again.seeded == seeds[0]
