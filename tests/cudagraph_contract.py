@@ -159,7 +159,7 @@ class HostTags(TorchFunctionMode):
 
     def on_host(self, func, args, kwargs):
         """Where `func`'s output is: True on the host, False on the learner's device, None where it stays (in place)."""
-        if func in (torch.Tensor.cpu, torch.from_numpy):
+        if func is torch.Tensor.cpu:
             return True
         if func is torch.Tensor.to and len(args) > 1 and isinstance(args[1], torch.Tensor):
             return args[1] in self.host
@@ -441,6 +441,19 @@ def tensordicts_on_the_learner():
     tensordict.TensorDict.__init__ = init_on_device
 
 
+def host_from_numpy():
+    """torch.from_numpy, which torch-function modes do not see, tags what it makes as the host's."""
+    from_numpy = torch.from_numpy
+
+    @functools.wraps(from_numpy)
+    def tagged(array):
+        out = from_numpy(array)
+        HOST_TAGS.host[out] = True
+        return out
+
+    torch.from_numpy = tagged
+
+
 def record_optimizers():
     init = torch.optim.Optimizer.__init__
 
@@ -526,6 +539,7 @@ def main():
     tensordict.nn.CudaGraphModule = Recorder
     record_optimizers()
     tensordicts_on_the_learner()
+    host_from_numpy()
     keep_cudagraphs()
     eager_backend()
     atexit.register(report, log_dir)

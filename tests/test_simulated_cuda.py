@@ -11,6 +11,7 @@ tests/test_cudagraph_contract.py.
 
 import functools
 
+import numpy as np
 import pytest
 import torch
 from torch.optim.adam import adam
@@ -48,9 +49,10 @@ def step(model, optimizer, lr, x, target, *, make=None):
     return make(out) if make else out
 
 
-def simulated(make=None, state=torch.zeros_like, lr_device=True):
+def simulated(make=None, state=torch.zeros_like, lr_device=True, make_x=None):
     """`step` built as a script builds it on the learner's device (the CPU here), then run on the simulated device;
-    `state` makes the Adam moments, `lr_device` says whether the lr tensor is given the device."""
+    `state` makes the Adam moments, `lr_device` says whether the lr tensor is given the device, `make_x` makes the
+    input."""
     device = torch.device("cpu")
     contract.LEARNER["device"] = device
     with contract.HOST_TAGS:
@@ -59,7 +61,7 @@ def simulated(make=None, state=torch.zeros_like, lr_device=True):
         for p in model.parameters():
             optimizer.state[p] = dict(step=torch.zeros((), device="cpu"), exp_avg=state(p), exp_avg_sq=state(p))
         lr = torch.tensor(1e-3, device=device) if lr_device else torch.tensor(1e-3)
-        x = torch.zeros(4, 3, device=device)
+        x = make_x() if make_x else torch.zeros(4, 3, device=device)
         target = torch.zeros(4, 2, device=device)
     contract.OPTIMIZERS[:] = [optimizer]
     unit = functools.partial(step, model, optimizer, lr, make=make)
@@ -96,6 +98,14 @@ def test_optimizer_state_left_on_the_host_is_seen():
 def test_an_lr_left_on_the_host_is_seen():
     found = simulated(lr_device=False)
     assert found and "reads a tensor on cpu" in found, found
+
+
+def test_an_input_from_numpy_not_moved_to_the_device_is_seen(monkeypatch):
+    monkeypatch.setattr(torch, "from_numpy", torch.from_numpy)  # the runner's tagging, undone after the test
+    contract.host_from_numpy()
+    found = simulated(make_x=lambda: torch.from_numpy(np.zeros((4, 3), np.float32)))
+    assert found and "reads a tensor on cpu" in found, found
+    assert simulated(make_x=lambda: torch.from_numpy(np.zeros((4, 3), np.float32)).to(torch.device("cpu"))) is None
 
 
 def test_a_host_read_inside_a_unit_is_seen():
