@@ -121,9 +121,8 @@ def breaks() -> dict:
     return out
 
 
-# The stand-in for the CUDA device: meta tensors (shape, dtype and strides, no data). torch's fake CUDA tensors
-# (FakeTensorMode) would be closer, but on a CPU-only build autograd over one aborts the process (its stream needs the
-# CUDA device guard), as does Python's indexing of one: every update would.
+# CUDA's stand-in, meta (no data): on a CPU-only build autograd over FakeTensorMode's fake CUDA tensors aborts the
+# process (its stream needs CUDA's device guard) and Python indexing of one raises
 STAND_IN = torch.device("meta")
 
 
