@@ -389,7 +389,7 @@ def main(args: Args):
         q_network.load_state_dict(ckpt["q_network"])
         target_network.load_state_dict(ckpt["target_network"])
         plumbing.load_optimizer(optimizer, ckpt["optimizer"])
-        rng.set_state(ckpt["rng"])
+        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
         episodes.load(ckpt["episodes"], restart=True)  # envpool cannot snapshot a game: the one in flight is lost
         rb.load(ckpt["buffer"])
         global_step = ckpt["global_step"]

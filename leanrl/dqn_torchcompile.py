@@ -331,7 +331,7 @@ def main(args: Args):
             rb.fields[key].copy_(rows)
         rb.pos = ckpt["buffer_pos"]
         rb.full = ckpt["buffer_full"]
-        rng.set_state(ckpt["rng"])
+        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
         episodes.load(ckpt["episodes"])  # the env resumes too: the episode in flight goes on
         global_step = ckpt["global_step"]
     obs, _ = env.reset(seed=args.seed + global_step)

@@ -11,7 +11,8 @@
 - `pick_device`: the learner's device; `--cudagraphs` without CUDA is dropped with one line.
 - `envpool_seed`: a derived env seed within envpool's int32.
 - `save_checkpoint` and `write_atomically` (a full disk leaves no partial file), `load_checkpoint` (`weights_only`,
-  refuses another script's file).
+  refuses another script's file), `restore_rngs` (a checkpoint written on another device re-seeds the loop's
+  generators).
 - `Episodes`: the returns of finished episodes, from the raw rewards.
 - `Run`: metrics.jsonl, summary.json, wandb (`--track`), the progress bar, steady-state fps, Ctrl-C and SIGTERM, a
   diverged run (non-finite losses) stopped before it saves.
@@ -489,6 +490,9 @@ def envpool_seed(seed: int) -> int:
     return (seed + 2**31) % 2**32 - 2**31
 
 
+# torch's CUDA generator state: its seed and offset (a CPU generator's is its 5,056-byte Mersenne Twister)
+CUDA_RNG_STATE_BYTES = 16
+
 # the layout of the checkpoints written through save_checkpoint (3: the replay buffers and the DQN env state); older
 # files are refused in one line, not a KeyError
 CHECKPOINT_FORMAT = 3
@@ -588,6 +592,25 @@ def load_optimizer(optimizer: torch.optim.Optimizer, saved: dict):
     optimizer.load_state_dict(dict(saved, param_groups=groups))
     for group, settings in zip(optimizer.param_groups, own):
         group.update(settings)  # load_state_dict copies the groups: the lr tensor the loop anneals, itself again
+
+
+def restore_rngs(rngs: list, states: list, seeds: list, step: int):
+    """A checkpoint's generator states into the loop's generators (one per seed). A CUDA generator's state is 16 bytes
+    and a CPU one's 5,056: a run moved between a GPU node and a CPU goes on, each generator re-seeded from its seed and
+    the checkpoint's step (the same numbers at every such resume, not the stream the writing run would have drawn),
+    said in one line."""
+    if all(len(state) == len(rng.get_state()) for rng, state in zip(rngs, states)):
+        for rng, state in zip(rngs, states):
+            rng.set_state(state)
+        return
+    for rng, seed in zip(rngs, seeds):
+        rng.manual_seed(int(np.random.SeedSequence([seed, step]).generate_state(1)[0]))
+    written = "CUDA" if len(states[0]) == CUDA_RNG_STATE_BYTES else "a CPU"
+    print(
+        f"--resume: a checkpoint written on {written}, resumed on {rngs[0].device.type}: the loop's random generator "
+        f"re-seeded from --seed and step {step}, the run goes on",
+        file=sys.stderr,
+    )
 
 
 def env_state(env) -> dict:

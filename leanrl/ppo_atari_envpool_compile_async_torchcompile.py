@@ -496,7 +496,7 @@ def main(args: Args):
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
         plumbing.load_optimizer(optimizer, ckpt["optimizer"])
-        rng.set_state(ckpt["rng"])
+        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
         episodes.load(ckpt)
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1

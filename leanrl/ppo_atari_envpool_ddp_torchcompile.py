@@ -539,7 +539,7 @@ def main(args: Args):
         agent.load_state_dict(ckpt["agent"])
         plumbing.load_optimizer(optimizer, ckpt["optimizer"])
         ckpt.update(ckpt["ranks"][rank])  # this rank's own RNG and statistics
-        rng.set_state(ckpt["rng"])
+        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed + rank], ckpt["global_step"])
         episodes.load(ckpt)
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1

@@ -497,8 +497,7 @@ def main(args: Args):
         with torch.no_grad():
             torch._foreach_copy_(list(params.values()), [ckpt["agent"][name] for name in params])
         plumbing.load_optimizer(optimizer, ckpt["optimizer"])
-        for g, state in zip(rngs, ckpt["rng"]):
-            g.set_state(state)
+        plumbing.restore_rngs(rngs, ckpt["rng"], seeds, ckpt["global_step"])
         episodes.load(ckpt)
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1

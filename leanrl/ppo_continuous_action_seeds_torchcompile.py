@@ -687,8 +687,7 @@ def main(args: Args):
             torch._foreach_copy_(list(params.values()), [ckpt["agent"][name] for name in params])
         plumbing.load_optimizer(optimizer, ckpt["optimizer"])
         normalizer.load_state_dict(ckpt["normalizer"])
-        for g, state in zip(rngs, ckpt["rng"]):
-            g.set_state(state)
+        plumbing.restore_rngs(rngs, ckpt["rng"], seeds, ckpt["global_step"])
         episodes.load(ckpt["episodes"], restart=True)  # the envs start new episodes
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1

@@ -565,7 +565,7 @@ def main(args: Args):
         agent.load_state_dict(ckpt["agent"])
         plumbing.load_optimizer(optimizer, ckpt["optimizer"])
         normalizer.load_state_dict(ckpt["normalizer"])
-        rng.set_state(ckpt["rng"])
+        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
         episodes.load(ckpt["episodes"], restart=True)  # the envs start new episodes
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1

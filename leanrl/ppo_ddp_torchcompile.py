@@ -605,7 +605,7 @@ def main(args: Args):
         agent.load_state_dict(ckpt["agent"])
         plumbing.load_optimizer(optimizer, ckpt["optimizer"])
         ckpt.update(ckpt["ranks"][rank])  # this rank's own envs, RNG and episodes
-        rng.set_state(ckpt["rng"])
+        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed + rank], ckpt["global_step"])
         plumbing.set_vector_env_state(envs, ckpt["env"])
         next_obs = ckpt["next_obs"].numpy()
         next_done = ckpt["next_done"].numpy()

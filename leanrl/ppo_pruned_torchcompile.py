@@ -582,7 +582,7 @@ def main(args: Args):
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
         plumbing.load_optimizer(optimizer, ckpt["optimizer"])
-        rng.set_state(ckpt["rng"])
+        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
         plumbing.set_vector_env_state(envs, ckpt["env"])
         next_obs = ckpt["next_obs"].numpy()
         next_done = ckpt["next_done"].numpy()

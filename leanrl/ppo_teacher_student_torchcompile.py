@@ -525,7 +525,7 @@ def main(args: Args):
         plumbing.load_optimizer(optimizer, ckpt["optimizer"])
         teacher.load_state_dict(ckpt["teacher"])
         plumbing.load_optimizer(teacher_optimizer, ckpt["teacher_optimizer"])
-        rng.set_state(ckpt["rng"])
+        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
         plumbing.set_vector_env_state(envs, ckpt["env"])
         next_obs = ckpt["next_obs"].numpy()
         next_done = ckpt["next_done"].numpy()

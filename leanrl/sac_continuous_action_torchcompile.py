@@ -414,7 +414,7 @@ def main(args: Args):
             q_params[name].data.copy_(ckpt["q_params"][name])
             q_target[name].copy_(ckpt["q_target"][name])
         log_alpha.copy_(ckpt["log_alpha"])
-        rng.set_state(ckpt["rng"])
+        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
         np_rng.bit_generator.state = ckpt["np_rng"]
         # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
         episodes.load(ckpt["episodes"], restart=True)

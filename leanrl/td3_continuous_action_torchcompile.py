@@ -372,7 +372,7 @@ def main(args: Args):
         for name in q_params:
             q_params[name].data.copy_(ckpt["q_params"][name])
             q_target[name].copy_(ckpt["q_target"][name])
-        rng.set_state(ckpt["rng"])
+        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
         np_rng.bit_generator.state = ckpt["np_rng"]
         # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
         episodes.load(ckpt["episodes"], restart=True)

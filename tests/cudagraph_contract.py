@@ -17,7 +17,12 @@ contract"):
   and each step counter where that puts it;
 - and what else a replay assumes: no input requires grad, no input is written in place (a replay writes the graph's
   own copy), no output requires grad, no random number is drawn from torch's global generator (a replay would draw the
-  captured ones again).
+  captured ones again);
+- (d) nothing on the host: at its first call the unit runs once more on a simulated CUDA device (meta tensors: no
+  data), everything it reads (inputs, its modules' parameters and buffers, its optimizers' state and lr, the tensors
+  it closes over) on that device and each Adam capturable, as a CUDA run has them. An op that reads or makes a tensor
+  on the host (a tensor made without `device=`, a host constant, a copy from the host) or reads a value on the host
+  (`.item()`) is a violation, named with its line.
 
 `torch.compile` runs with dynamo's eager backend: the contract is about what traces, not about Inductor's kernels.
 Every function the script compiles has its graph breaks recorded too (`compiled`): where a script refuses
@@ -28,20 +33,30 @@ against the run's metrics.
 """
 
 import atexit
+import contextlib
+import copy
 import functools
 import json
 import os
 import runpy
 import sys
+import traceback
+import types
 from pathlib import Path
 
 import tensordict.nn
 import torch
+import torch.optim.adam as torch_adam
 from tensordict import TensorDictBase
 from torch._dynamo.utils import counters
+from torch.overrides import TorchFunctionMode, _get_current_function_mode, _pop_mode, _push_mode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "leanrl"))
+LEANRL = ROOT / "leanrl"
+sys.path.insert(0, str(LEANRL))
 import plumbing  # noqa: E402
 
 # the graph breaks of LeanRL's update idiom (zero_grad, backward, step): a CUDA graph captures across them, and none
@@ -106,6 +121,214 @@ def breaks() -> dict:
     return out
 
 
+# CUDA's stand-in, meta (no data): on a CPU-only build autograd over FakeTensorMode's fake CUDA tensors aborts the
+# process (its stream needs CUDA's device guard) and Python indexing of one raises
+STAND_IN = torch.device("meta")
+
+
+# what makes a tensor from nothing: on the host unless given a device
+FACTORIES = {
+    torch.tensor,
+    torch.as_tensor,
+    torch.scalar_tensor,
+    torch.zeros,
+    torch.ones,
+    torch.empty,
+    torch.empty_strided,
+    torch.full,
+    torch.arange,
+    torch.linspace,
+    torch.eye,
+    torch.rand,
+    torch.randn,
+    torch.randint,
+    torch.randperm,
+}
+
+
+class HostTags(TorchFunctionMode):
+    """The tensors a CUDA run would hold on the host, told apart on a CPU, where every tensor is there: those made
+    without a device or on "cpu" spelled out, by `.cpu()` or `torch.from_numpy`, and those computed from them alone. A
+    tensor on the learner's device was given `device` (a torch.device, as the scripts pass the learner's) or moved
+    there by `.to(device)`. Active for the whole run but inside the units, which it would break into graphs."""
+
+    def __init__(self):
+        super().__init__()
+        self.host = WeakIdKeyDictionary()
+
+    def on_host(self, func, args, kwargs):
+        """Where `func`'s output is: True on the host, False on the learner's device, None where it stays (in place)."""
+        if func is torch.Tensor.cpu:
+            return True
+        if func is torch.Tensor.to and len(args) > 1 and isinstance(args[1], torch.Tensor):
+            return args[1] in self.host
+        device = kwargs.get("device")
+        if func is torch.Tensor.to:
+            device = next((a for a in args[1:] if isinstance(a, (str, torch.device))), device)
+        if device is not None:
+            return device == "cpu"
+        if func in FACTORIES:
+            return True
+        if getattr(func, "__name__", "").endswith("_") or "out" in kwargs:
+            return None
+        tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        return all(x in self.host for x in tensors) if tensors else None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func == torch.Tensor.data.__set__:  # `p.data = x` (Module.to): p is now where x is
+            out, args = args[0], args[1:]
+        host = self.on_host(func, args, kwargs)
+        for x in tree_leaves(out):
+            if isinstance(x, torch.Tensor) and host is not None:
+                if host:
+                    self.host[x] = True
+                else:
+                    self.host.pop(x, None)
+        return out
+
+
+HOST_TAGS = HostTags()
+
+
+@contextlib.contextmanager
+def untagged():
+    """Outside HostTags: dynamo would trace the mode into a unit's graph, and a simulated unit needs none."""
+    if _get_current_function_mode() is not HOST_TAGS:
+        yield
+        return
+    _pop_mode()
+    try:
+        yield
+    finally:
+        _push_mode(HOST_TAGS)
+
+
+class OnTheHost(Exception):
+    pass
+
+
+class HostWatch(TorchDispatchMode):
+    """Sees every op of a unit run on the stand-in device: one that reads or makes a tensor on the host is what a GPU
+    would copy from the host, bake into the graph at capture, or refuse as a device mismatch. But for a scalar the
+    unit makes itself (a Python number under vmap, a constant): CUDA ops take a host scalar, a constant's value is the
+    capture's at every replay too."""
+
+    def __init__(self):
+        super().__init__()
+        self.own_scalars = WeakIdKeyDictionary()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        # lift_fresh reads the Python data of torch.tensor(...): what it makes is checked
+        for x in tree_leaves((args, kwargs)) if func is not torch.ops.aten.lift_fresh.default else ():
+            if isinstance(x, torch.Tensor) and x.device != STAND_IN and x not in self.own_scalars:
+                raise OnTheHost(f"{func} reads a tensor on {x.device}")
+        out = func(*args, **kwargs)
+        for x in tree_leaves(out):
+            if isinstance(x, torch.Tensor) and x.device != STAND_IN:
+                if x.dim():
+                    raise OnTheHost(f"{func} makes a tensor on {x.device}")
+                self.own_scalars[x] = True
+        return out
+
+
+class StandInCopy:
+    """Deep copies of a unit and its inputs as a CUDA run has them: every tensor on the stand-in device (shape, dtype,
+    strides and requires_grad kept), the learner's device the stand-in, closures copied with their cells, every Adam
+    capturable."""
+
+    def __init__(self):
+        self.memo = {}
+
+    @staticmethod
+    def tensor(t, memo):
+        if t in HOST_TAGS.host:
+            return t  # where a CUDA run has it: reading it is the violation (HostWatch raises before any write)
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=STAND_IN).requires_grad_(t.requires_grad)
+
+    @staticmethod
+    def function(fn, memo):
+        if not fn.__closure__:
+            return fn
+        cells = tuple(types.CellType() for _ in fn.__closure__)
+        new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, cells)
+        new.__kwdefaults__ = fn.__kwdefaults__
+        memo[id(fn)] = new
+        for cell, old in zip(cells, fn.__closure__):
+            try:
+                contents = old.cell_contents
+            except ValueError:  # a name the enclosing function has not assigned yet: nothing to read
+                continue
+            cell.cell_contents = copy.deepcopy(contents, memo)
+        return new
+
+    @staticmethod
+    def optimizer(opt, memo):
+        new = object.__new__(type(opt))
+        memo[id(opt)] = new
+        new.__dict__.update(copy.deepcopy(opt.__dict__, memo))
+        for group in new.param_groups:
+            group["capturable"] = True
+        for state in new.state.values():
+            if "step" in state:  # where a capturable Adam keeps it (a CPU run's, not capturable, has it on the host)
+                state["step"] = torch.zeros((), device=STAND_IN)
+        return new
+
+    def __call__(self, *objs):
+        patched = [(torch.Tensor, "__deepcopy__"), (torch.nn.Parameter, "__deepcopy__")]
+        saved = [getattr(cls, name) for cls, name in patched]
+        dispatch = dict(copy._deepcopy_dispatch)
+        try:
+            for cls, name in patched:
+                setattr(cls, name, self.tensor)
+            copy._deepcopy_dispatch[types.FunctionType] = self.function
+            copy._deepcopy_dispatch[torch.device] = lambda d, memo: STAND_IN if d == LEARNER["device"] else d
+            for opt in OPTIMIZERS:
+                copy._deepcopy_dispatch[type(opt)] = self.optimizer
+            return copy.deepcopy(objs, self.memo)
+        finally:
+            for (cls, name), old in zip(patched, saved):
+                setattr(cls, name, old)
+            copy._deepcopy_dispatch.clear()
+            copy._deepcopy_dispatch.update(dispatch)
+
+
+@contextlib.contextmanager
+def autocast_on_stand_in():
+    """torch.autocast on the stand-in device (meta has none): the CPU's, which leaves meta tensors alone."""
+    autocast = torch.autocast
+
+    class StandInAutocast(autocast):
+        def __init__(self, device_type, *args, **kwargs):
+            super().__init__("cpu" if device_type == STAND_IN.type else device_type, *args, **kwargs)
+
+    torch.autocast = StandInAutocast
+    try:
+        yield
+    finally:
+        torch.autocast = autocast
+
+
+def simulate(fn, args, kwargs):
+    """`fn(*args, **kwargs)` once on the stand-in device; what it did on the host, with the line, or None."""
+    capturable_on = torch_adam._get_capturable_supported_devices
+    torch_adam._get_capturable_supported_devices = lambda supports_xla=True: [STAND_IN.type]
+    try:
+        with untagged():
+            fn, args, kwargs = StandInCopy()(fn, args, kwargs)
+            with HostWatch(), autocast_on_stand_in():
+                fn(*args, **kwargs)
+    except Exception as e:  # a host tensor, a host read (.item() on meta), a device mismatch: each is one on a GPU
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve().parent == LEANRL]
+        at = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno} `{frames[-1].line}`" if frames else ""
+        return f"on a simulated CUDA device, {type(e).__name__}: {str(e).strip().splitlines()[0]}{at}"
+    finally:
+        torch_adam._get_capturable_supported_devices = capturable_on
+    return None
+
+
 class Recorder:
     """tensordict's CudaGraphModule, as a CPU can check it: same arguments, same calls, and the contract's checks."""
 
@@ -135,6 +358,10 @@ class Recorder:
                 self.violation(
                     f"call {self.calls} has another input signature than the capture: {sig} vs {self.captured}"
                 )
+        if self.calls == 1:
+            found = simulate(uncompiled(self.module), args, kwargs)
+            if found:
+                self.violation(found)
         inputs = [x for x in leaves([list(args), kwargs]) if isinstance(x, torch.Tensor)]
         versions = [x._version for x in inputs]
         for x in inputs:
@@ -144,7 +371,8 @@ class Recorder:
                 self.violation(f"an input on {x.device}, the learner on {LEARNER['device']}: {tuple(x.shape)}")
         rng = torch.default_generator.get_state()
         before = breaks()
-        out = self.fn(*args, **kwargs)
+        with untagged():
+            out = self.fn(*args, **kwargs)
         after = breaks()
         for reason, n in after.items():
             if n > before.get(reason, 0):
@@ -198,6 +426,33 @@ def optimizer_violations() -> list:
     return out
 
 
+def tensordicts_on_the_learner():
+    """A TensorDict given a device holds its tensors there; on a CPU it moves none, so HostTags saw no move."""
+    init = tensordict.TensorDict.__init__
+
+    @functools.wraps(init)
+    def init_on_device(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if self.device is not None and kwargs.get("device") != "cpu":
+            for x in self.values(include_nested=True, leaves_only=True):
+                HOST_TAGS.host.pop(x, None)
+
+    tensordict.TensorDict.__init__ = init_on_device
+
+
+def host_from_numpy():
+    """torch.from_numpy, which torch-function modes do not see, tags what it makes as the host's."""
+    from_numpy = torch.from_numpy
+
+    @functools.wraps(from_numpy)
+    def tagged(array):
+        out = from_numpy(array)
+        HOST_TAGS.host[out] = True
+        return out
+
+    torch.from_numpy = tagged
+
+
 def record_optimizers():
     init = torch.optim.Optimizer.__init__
 
@@ -236,7 +491,8 @@ class Compiled:
 
     def __call__(self, *args, **kwargs):
         before = breaks()
-        out = self.fn(*args, **kwargs)
+        with untagged():
+            out = self.fn(*args, **kwargs)
         for reason, n in breaks().items():
             what = " / ".join(line.strip() for line in reason.splitlines()[:2])
             if n > before.get(reason, 0) and not any(ok in reason for ok in IDIOM_BREAKS) and what not in self.breaks:
@@ -281,11 +537,14 @@ def main():
     log_dir = flags[flags.index("--log-dir") + 1]
     tensordict.nn.CudaGraphModule = Recorder
     record_optimizers()
+    tensordicts_on_the_learner()
+    host_from_numpy()
     keep_cudagraphs()
     eager_backend()
     atexit.register(report, log_dir)
     sys.argv = [script, *flags]
-    runpy.run_path(script, run_name="__main__")
+    with HOST_TAGS:
+        runpy.run_path(script, run_name="__main__")
 
 
 if __name__ == "__main__":

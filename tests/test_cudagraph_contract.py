@@ -4,12 +4,13 @@ Each script runs with `--compile --cudagraphs` at its smallest budget under test
 `--cudagraphs` on without CUDA and stands in for every `CudaGraphModule` the script builds: each unit a CUDA graph would
 capture must see one input signature from its capture on, trace whole under dynamo (the three breaks of LeanRL's
 update idiom aside), keep its tensors and its optimizers' state on the learner's device with `capturable` as that
-device asks, and neither write its inputs, return tensors that require grad, nor draw from torch's global generator.
-Then the run is resumed from the checkpoint a CUDA-graph run would have written (capturable Adam state): the resumed
-run must take its own settings, not the checkpoint's, and step with the lr it logs. The DDP scripts also run on two
-ranks, where the update holds the gradient all-reduce.
+device asks, and neither write its inputs, return tensors that require grad, nor draw from torch's global generator;
+and, run once on a simulated CUDA device, read or make nothing on the host. Then the run is resumed from the
+checkpoint a CUDA-graph run would have written (capturable Adam state, CUDA generators): the resumed run must take its
+own settings, not the checkpoint's, step with the lr it logs, and go on with its generators re-seeded, said in one
+line. The DDP scripts also run on two ranks, where the update holds the gradient all-reduce.
 
-What the CPU cannot show (the devices of a CUDA run, the capture itself) `tests/test_gpu.py` checks on a GPU.
+What the CPU cannot show (a real CUDA run's speed and memory, the capture itself) `tests/test_gpu.py` checks on a GPU.
 """
 
 import json
@@ -19,6 +20,7 @@ import sys
 import pytest
 import torch
 
+import plumbing
 from conftest import ROOT, SMOKE, Child, read_metrics
 from test_dqn import TINY as DQN
 from test_dqn_atari_envpool import TINY as DQN_ATARI
@@ -37,6 +39,7 @@ BUDGET = {
 # the pruned scripts prune twice within the smoke budget: their units are rebuilt, and captured again, each time
 PRUNE_TWICE = ["--prune-ratio", "0.5", "--prune-start", "2", "--prune-every", "1", "--prune-steps", "2"]
 RUNNER = ROOT / "tests" / "cudagraph_contract.py"
+CUDA_RNG_STATE = torch.zeros(plumbing.CUDA_RNG_STATE_BYTES, dtype=torch.uint8)
 
 
 def flags_of(script: str) -> list:
@@ -82,8 +85,13 @@ def assert_contract_holds(found: dict, log_dir):
 
 def cuda_checkpoint(path, out):
     """The checkpoint at `path` as a CUDA-graph run writes it: every Adam capturable, its step counters float32 (torch
-    keeps them on the device for such a run; the checkpoint loads onto the host)."""
+    keeps them on the device for such a run; the checkpoint loads onto the host), and the loop's generators CUDA ones
+    (a 16-byte state, where a CPU generator's is 5,056)."""
     ckpt = torch.load(path, weights_only=True)
+    for holder in [ckpt, *ckpt.get("ranks", [])]:  # a DDP run's generators are per rank
+        if "rng" in holder:
+            rng = holder["rng"]
+            holder["rng"] = [CUDA_RNG_STATE] * len(rng) if isinstance(rng, list) else CUDA_RNG_STATE
     for value in ckpt.values():
         if isinstance(value, dict) and {"state", "param_groups"} <= value.keys():
             for group in value["param_groups"]:
@@ -106,6 +114,8 @@ def test_units_keep_the_cuda_graph_contract_and_a_resume_takes_its_own_settings(
     (found,) = contract_run(script, *flags, "--resume", tmp_path / "cuda.pt", log_dir=tmp_path / "resumed")
     assert read_metrics(tmp_path / "resumed")[0]["global_step"] > read_metrics(tmp_path / "first")[-1]["global_step"]
     assert_contract_holds(found, tmp_path / "resumed")
+    # a run moved from a GPU node to a CPU goes on, its generators re-seeded, and says so
+    assert "--resume: a checkpoint written on CUDA, resumed on cpu" in (tmp_path / "resumed.stderr").read_text()
 
 
 DDP = ["ppo_ddp_torchcompile.py", "ppo_atari_envpool_ddp_torchcompile.py"]
