@@ -265,7 +265,7 @@ def main(args: Args):
             obj.load_state_dict(ckpt[name])
         with torch.no_grad():
             log_alpha.copy_(ckpt["log_alpha"])
-        rng.set_state(ckpt["rng"])
+        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
         torch.set_rng_state(ckpt["torch_rng"])
         np_rng.bit_generator.state = ckpt["np_rng"]
         # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped

@@ -238,7 +238,7 @@ def main(args: Args):
     if ckpt:
         for name, obj in (nets | optimizers).items():
             obj.load_state_dict(ckpt[name])
-        rng.set_state(ckpt["rng"])
+        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
         torch.set_rng_state(ckpt["torch_rng"])
         np_rng.bit_generator.state = ckpt["np_rng"]
         # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped

@@ -355,3 +355,20 @@ def test_bad_input_from_the_command_line(script, flags, words, tmp_path):
     and one env only. The matrix covers the rest (every flag's range, batch larger than the buffer, a checkpoint of
     the other script)."""
     assert_rejected(script, flags, words, tmp_path / "run")
+
+
+@pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action.py"])
+def test_a_baselines_checkpoint_from_cuda_resumes_on_a_cpu(script, tmp_path):
+    """The eager baselines restore their device generator as the torchcompile scripts do (plumbing.restore_rngs): a
+    checkpoint written on CUDA (a 16-byte generator state) resumes on a CPU with one line, re-seeded, where set_state
+    raised a traceback (issue 49)."""
+    first = tmp_path / "first"
+    run_script(script, *TINY, "--save-model", log_dir=first)
+    ckpt = torch.load(first / "agent.pt", weights_only=True)
+    ckpt["rng"] = torch.zeros(16, dtype=torch.uint8)  # what torch.Generator("cuda").get_state() holds
+    torch.save(ckpt, first / "agent.pt")
+    flags = [*TINY, "--total-timesteps", "800", "--resume", str(first / "agent.pt")]
+    proc = run_script(script, *flags, log_dir=first, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--resume: a checkpoint written on CUDA, resumed on cpu" in proc.stderr
+    assert "Traceback" not in proc.stderr
