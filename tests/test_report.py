@@ -607,3 +607,19 @@ def test_fastest_column_compares_the_same_agent(tmp_path):
     assert proc.returncode == 0, proc.stderr
     row = next(ln for ln in (tmp_path / "doc/fps_table.md").read_text().splitlines() if ln.startswith("| classic"))
     assert row.endswith("| 3.00x (`compile`), 30% of `env-alone`; `pruned` (a smaller network) 4.00x |"), row
+
+
+def test_cleanrl_page_keeps_its_hand_written_notes(tmp_path, report_module, monkeypatch, capsys):
+    """What is written by hand below the mark (why a family is outside, where runs stand) survives the next
+    `CLEANRL=1` report, as learning.md's notes do."""
+    runs = tmp_path / "runs"
+    out = tmp_path / "doc"
+    fake_run(runs / "classic/01-baseline/1", "CartPole-v1", 500000, 1000, 490.0)
+    monkeypatch.setattr(sys, "argv", ["report.py", str(runs), "--out", str(out), "--cleanrl"])
+    report_module.main()
+    page = out / "learning_cleanrl.md"
+    page.write_text(page.read_text() + "\nseed 3 found a faster gait\n")
+    report_module.main()
+    text = page.read_text()
+    assert text.count(report_module.NOTES_MARK) == 1
+    assert text.endswith("\nseed 3 found a faster gait\n")

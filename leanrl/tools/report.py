@@ -459,30 +459,46 @@ def learning_table(configs: dict) -> list:
     return lines
 
 
-def plot_learning(family: str, configs: dict, out: Path) -> str:
-    """Returns against environment steps: a colour per configuration, a thin line per seed."""
+def plot_seed_returns(family: str, configs: dict, out: Path, name: str, reference) -> str:
+    """Returns against environment steps, a colour per configuration and a thin line per seed, with what `reference`
+    draws on the axes (a line to reach); saved as `out/name`."""
     fig, ax = plt.subplots(figsize=(7, 4))
-    env_id = first_summary(configs)["env_id"]
-    for i, (name, c) in enumerate(configs.items()):
+    for i, (config, c) in enumerate(configs.items()):
         for j, (_, rows) in enumerate(c.runs):
             pts = [(r["global_step"], r["episodic_return"]) for r in rows if r["episodic_return"] is not None]
-            label = column_name(name) if j == 0 else None
+            label = column_name(config) if j == 0 else None
             ax.plot([p[0] for p in pts], [p[1] for p in pts], color=f"C{i}", alpha=0.7, lw=0.8, label=label)
-    if env_id in THRESHOLDS:
-        ax.axhline(THRESHOLDS[env_id], color="grey", ls="--", lw=0.8, label="solved")
+    reference(ax)
     ax.set_xlabel("environment steps")
     ax.set_ylabel("episodic return (last 20 episodes)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(f"{family}: {env_id}, a line per seed")
+    ax.set_title(f"{family}: {first_summary(configs)['env_id']}, a line per seed")
     fig.tight_layout()
-    name = f"learning_{family}.png"
     fig.savefig(out / name, dpi=100)
     plt.close(fig)
     return name
 
 
+def plot_learning(family: str, configs: dict, out: Path) -> str:
+    """The returns, with the env's "solved" threshold where it has one."""
+    env_id = first_summary(configs)["env_id"]
+
+    def solved(ax):
+        if env_id in THRESHOLDS:
+            ax.axhline(THRESHOLDS[env_id], color="grey", ls="--", lw=0.8, label="solved")
+
+    return plot_seed_returns(family, configs, out, f"learning_{family}.png", solved)
+
+
 NOTES_MARK = "<!-- written by hand from here on: report.py keeps what follows when it writes this page again -->"
+
+
+def write_keeping_notes(page: Path, lines: list):
+    """`lines` into `page`, then the mark and what an earlier page had below it: what the numbers mean (a configuration
+    outside, a fix, runs in progress) is written by hand there, and kept."""
+    notes = page.read_text().partition(NOTES_MARK)[2] if page.exists() else ""
+    page.write_text("\n".join(lines + [NOTES_MARK]) + (notes or "\n"))
 
 
 def page_sections(text: str) -> dict:
@@ -555,10 +571,7 @@ def learning_report(args: Args, data: dict):
         ]
         lines += learning_table(configs)
         lines += ["", f"![{family} returns]({plot_learning(family, configs, args.out)})", ""]
-    # what the numbers mean (a variant outside its base's spread, a fix) is written by hand below the mark, and kept
-    notes = before.partition(NOTES_MARK)[2]
-    lines += [NOTES_MARK]
-    page.write_text("\n".join(lines) + (notes or "\n"))
+    write_keeping_notes(page, lines)
     print(f"wrote {page} and the learning plots")
 
 
@@ -683,27 +696,14 @@ def cleanrl_table(configs: dict, published: Published) -> list:
 
 
 def plot_cleanrl(family: str, configs: dict, published: Published, out: Path) -> str:
-    """Returns against environment steps, a colour per configuration and a line per seed, below CleanRL's final mean
-    (dashed) and its ± std (shaded)."""
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (name, c) in enumerate(configs.items()):
-        for j, (_, rows) in enumerate(c.runs):
-            pts = [(r["global_step"], r["episodic_return"]) for r in rows if r["episodic_return"] is not None]
-            label = column_name(name) if j == 0 else None
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=f"C{i}", alpha=0.7, lw=0.8, label=label)
-    label = f"CleanRL's {published.script} at {published.steps:,} steps: {cleanrl_cell(published)}"
-    ax.axhline(published.mean, color="black", ls="--", lw=0.8, label=label)
-    ax.axhspan(published.mean - published.std, published.mean + published.std, color="grey", alpha=0.2)
-    ax.set_xlabel("environment steps")
-    ax.set_ylabel("episodic return (last 20 episodes)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(f"{family}: {first_summary(configs)['env_id']}, a line per seed")
-    fig.tight_layout()
-    name = f"cleanrl_{family}.png"
-    fig.savefig(out / name, dpi=100)
-    plt.close(fig)
-    return name
+    """The returns below CleanRL's final mean (dashed) and its ± std (shaded)."""
+
+    def cleanrl(ax):
+        label = f"CleanRL's {published.script} at {published.steps:,} steps: {cleanrl_cell(published)}"
+        ax.axhline(published.mean, color="black", ls="--", lw=0.8, label=label)
+        ax.axhspan(published.mean - published.std, published.mean + published.std, color="grey", alpha=0.2)
+
+    return plot_seed_returns(family, configs, out, f"cleanrl_{family}.png", cleanrl)
 
 
 def short_steps(steps: int) -> str:
@@ -800,7 +800,7 @@ def cleanrl_report(args: Args, data: dict):
         ]
         lines += ["", f"![{family} returns]({plot_cleanrl(family, configs, published, args.out)})", ""]
     page = args.out / "learning_cleanrl.md"
-    page.write_text("\n".join(lines))
+    write_keeping_notes(page, lines)
     print(f"wrote {page} and the CleanRL plots; the README's lines:\n")
     print("\n".join(readme_lines(ran)))
 
