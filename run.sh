@@ -27,8 +27,9 @@
 # "1 2 3 4 5", --compile's seeds as one seeds-script run where the family has one), --compile of td3 and sac (1M)
 # and the baseline and --compile of atari (Breakout, ATARI_STEPS, default 2000000 of CleanRL's 10M), these three with
 # LONG_SEEDS (default "1"). Every run saves its checkpoint (--save-model) when it ends or is stopped (Ctrl-C,
-# SIGTERM), and the next CLEANRL=1 run resumes it; a run finished at another budget runs again. Two at a time, one per
-# core: `taskset -c 0 nice bash run.sh classic dqn mujoco & taskset -c 1 nice bash run.sh td3 sac atari`.
+# SIGTERM), and the next CLEANRL=1 run resumes it; a run finished at another budget runs again. The report records
+# every run in $DOC/cleanrl_runs/ (committed with the page), and a run finished there is not run again, on any machine.
+# Two at a time, one per core: `taskset -c 0 nice bash run.sh classic dqn mujoco & taskset -c 1 nice bash run.sh td3 sac atari`.
 # SEEDS (default "21 31 41"), OUT (default runs/bench, or runs/smoke), DOC (default doc, or $OUT/doc with SMOKE).
 # Re-running resumes: a run that finished at the sweep's budget (and, for a seeds script, with the members SEEDS
 # asks for) is not repeated. One run.sh per family at a time: a second one into the same OUT is refused.
@@ -128,6 +129,8 @@ run() {  # run family config seed command...: one run, unless it finished before
   # one stopped early (Ctrl-C, which stops the sweep too) wrote a summary.json as well: it runs again, and CLEANRL=1
   # resumes it from the checkpoint it saved
   if finished "$dir" "$family" "$@"; then return; fi
+  # CLEANRL=1 goes on from the runs its report recorded beside its page, on this machine or another
+  if [ "$CLEANRL" = 1 ] && finished "$DOC/cleanrl_runs/$family/$config/$seed" "$family" "$@"; then return; fi
   # a run that ended at another budget or with other members is another run: it starts again
   if [ -f "$dir/summary.json" ] && ! grep -q '"interrupted": true' "$dir/summary.json"; then fresh=1; fi
   if [ "$CLEANRL" = 1 ]; then

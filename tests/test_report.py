@@ -188,7 +188,7 @@ def test_learning_report_on_synthetic_runs(tmp_path):
     assert lines[lines.index("## dqn_atari") + 2] == "Not run: needs a faster machine: 10M steps."
     commit = next(ln for ln in lines if ln.startswith("- commit: "))
     assert re.fullmatch(r"- commit: [0-9a-f]{7,} \((clean tree|with uncommitted changes)\), .*", commit), commit
-    assert "- machine: Test CPU (2 cores), GPU: none, torch 2.13.0+cpu" in lines
+    assert "- machines: Test CPU (2 cores), GPU: none, torch 2.13.0+cpu" in lines
     assert "- seeds: 1, 2" in lines
     assert "- steps per run: classic 500,000; sac 100,000" in lines
     assert "- time: 2.5 h, the sum of the runs' wall times (run.sh runs them one after another)" in lines  # 10 runs
@@ -512,8 +512,9 @@ def test_cleanrl_a_seeds_run_is_one_run_per_member_on_the_program_clock(tmp_path
     assert report_module.time_to_score(first, CARTPOLE_MEAN) == (5000, 44.0)
     assert report_module.time_to_score(second, 245.0) == (5000, 44.0)  # half the returns: the same row
     out = tmp_path / "doc"
-    out.mkdir()
-    report_module.cleanrl_report(report_module.Args(runs=runs, out=out, cleanrl=True), report_module.load(runs))
+    report_module.record_runs(runs, out / report_module.RECORD)
+    data = report_module.load(out / report_module.RECORD)
+    report_module.cleanrl_report(report_module.Args(runs=runs, out=out, cleanrl=True), data)
     text = (out / "learning_cleanrl.md").read_text()
     assert "| 1: 0.7 min at 5,000 steps†, 2: not reached |" in text
     assert (
@@ -567,7 +568,7 @@ def test_cleanrl_page_and_plots(tmp_path, report_module, monkeypatch, capsys):
     text = (out / "learning_cleanrl.md").read_text()
     lines = text.splitlines()
     assert lines[0] == "# Learning at CleanRL's budgets, beside CleanRL's published results"
-    assert "- machine: Test CPU (2 cores), GPU: none, torch 2.13.0+cpu" in lines
+    assert "- machines: Test CPU (2 cores), GPU: none, torch 2.13.0+cpu" in lines
     assert "- seeds: 1, 2" in lines
     assert "- steps per run: classic 500,000 (CleanRL's 500,000); atari 2,000,000 (CleanRL's 10,000,000)" in lines
     assert "lies within CleanRL's mean ± 2 std" in text
@@ -623,3 +624,27 @@ def test_cleanrl_page_keeps_its_hand_written_notes(tmp_path, report_module, monk
     text = page.read_text()
     assert text.count(report_module.NOTES_MARK) == 1
     assert text.endswith("\nseed 3 found a faster gait\n")
+
+
+def test_cleanrl_runs_outlast_the_machine_they_ran_on(tmp_path, report_module, monkeypatch, capsys):
+    """A sitting's machine and its run folders do not last (the last session lost /work/runs): the page's runs are
+    recorded beside it (doc/cleanrl_runs, committed with it), so a later sitting's report, from a new OUT, shows the
+    earlier runs beside its own, with their time to CleanRL's score; a family in neither keeps its section."""
+    out = tmp_path / "doc"
+    first = tmp_path / "sitting1"
+    fake_run(first / "classic/01-baseline/1", "CartPole-v1", 500000, 1000, 495.0)
+    write_rows(first / "classic/01-baseline/1", [dict(global_step=s, time=t, episodic_return=r) for s, t, r in RESUMED])
+    monkeypatch.setattr(sys, "argv", ["report.py", str(first), "--out", str(out), "--cleanrl"])
+    report_module.main()
+    page = out / "learning_cleanrl.md"
+    page.write_text(
+        page.read_text().replace("## classic:", "## dqn: CartPole-v1 (by an earlier page)\n\nkept\n\n## classic:")
+    )
+    second = tmp_path / "sitting2"
+    fake_run(second / "classic/01-baseline/2", "CartPole-v1", 500000, 1000, 485.0)
+    monkeypatch.setattr(sys, "argv", ["report.py", str(second), "--out", str(out), "--cleanrl"])
+    report_module.main()
+    text = page.read_text()
+    assert "| 490.0 ± 7.1 (n=2) | 1: 495.0, 2: 485.0 | 490.04 ± 6.12 | within | 1: 0.7 min at 5,000 steps," in text
+    assert "## dqn: CartPole-v1 (by an earlier page)\n\nkept\n" in text
+    assert (out / "cleanrl_runs/classic/01-baseline/1/summary.json").exists()

@@ -13,7 +13,8 @@ def test_run_sh_cleanrl_budgets(tmp_path):
     """CLEANRL=1 DRY=1: CleanRL's budgets; the baseline and --compile of CartPole, DQN and HalfCheetah over five seeds
     (--compile's as one seeds-script run where there is one), TD3's and SAC's --compile and Breakout's two at one seed
     (2M steps); every run saves its checkpoint; nothing run or written."""
-    runs, other = dry_run(tmp_path, CLEANRL="1")
+    doc = str(tmp_path / "doc")  # not the checkout's doc/, whose record holds runs that would not run again
+    runs, other = dry_run(tmp_path, CLEANRL="1", DOC=doc)
     steps = {"classic": 500000, "dqn": 500000, "mujoco": 1000000, "td3": 1000000, "sac": 1000000, "atari": 2000000}
     configs = {"td3": ["03-compile"], "sac": ["03-compile"]}
     expected = [f"{f}/{c}" for f in steps for c in configs.get(f, ["01-baseline", "03-compile"])]
@@ -30,7 +31,7 @@ def test_run_sh_cleanrl_budgets(tmp_path):
             assert flag(command, "--total-timesteps") == str(steps[family]), command
             assert "--save-model" in command and "--resume" not in command, command
             assert "--learning-starts" not in command, command  # CleanRL's own
-    assert other == [f"python leanrl/tools/report.py {tmp_path / 'runs'} --out doc --cleanrl"]
+    assert other == [f"python leanrl/tools/report.py {tmp_path / 'runs'} --out {doc} --cleanrl"]
     assert not (tmp_path / "runs").exists()
 
     # a run stopped early with its checkpoint goes on from it; one finished at the budget is not repeated
@@ -40,10 +41,10 @@ def test_run_sh_cleanrl_budgets(tmp_path):
     (stopped / "summary.json").write_text(json.dumps(dict(summary, interrupted=True, global_step=50000)))
     (stopped / "agent.pt").write_bytes(b"")
     fake_run(tmp_path / "runs/atari/01-baseline/1", "Breakout-v5", 2000000, 400, 10.0)
-    runs, _ = dry_run(tmp_path, "atari", CLEANRL="1")
+    runs, _ = dry_run(tmp_path, "atari", CLEANRL="1", DOC=doc)
     assert list(runs) == ["atari/03-compile"]
     assert flag(runs["atari/03-compile"][0], "--resume") == str(stopped / "agent.pt")
-    runs, _ = dry_run(tmp_path, "atari", CLEANRL="1", ATARI_STEPS="10000000")
+    runs, _ = dry_run(tmp_path, "atari", CLEANRL="1", ATARI_STEPS="10000000", DOC=doc)
     assert flag(runs["atari/01-baseline"][0], "--total-timesteps") == "10000000"
     bad = run_command(["bash", "run.sh"], tmp_path / "bad", timeout=60, env=dict(os.environ, LEARN="1", CLEANRL="1"))
     assert_user_error(bad, "different sweeps")
@@ -86,3 +87,14 @@ def test_two_sweeps_never_share_a_family(tmp_path):
     finally:
         holder.kill()
         holder.wait(timeout=10)
+
+
+def test_cleanrl_a_run_in_the_record_is_not_run_again(tmp_path):
+    """CLEANRL=1 on a new machine (an empty OUT) goes on from the runs the report recorded under DOC/cleanrl_runs:
+    a recorded run finished at the budget is not repeated; one recorded at another budget is."""
+    doc = tmp_path / "doc"
+    fake_run(doc / "cleanrl_runs/atari/01-baseline/1", "Breakout-v5", 2000000, 400, 10.0)
+    fake_run(doc / "cleanrl_runs/dqn/01-baseline/1", "CartPole-v1", 30000, 100, 500.0)
+    runs, _ = dry_run(tmp_path, "atari", "dqn", CLEANRL="1", SEEDS="1", DOC=str(doc))
+    assert "atari/01-baseline" not in runs and "atari/03-compile" in runs
+    assert [flag(c, "--seed") for c in runs["dqn/01-baseline"]] == ["1"]

@@ -1,7 +1,7 @@
 """Turn run.sh's runs into the fps comparison: doc/fps_table.md, doc/fps.png and doc/returns_<family>.png; or, with
 --learning, into the learning evidence of `LEARN=1 bash run.sh`: doc/learning.md and doc/learning_<family>.png; or,
 with --cleanrl, into the runs of `CLEANRL=1 bash run.sh` beside CleanRL's published results: doc/learning_cleanrl.md
-and doc/cleanrl_<family>.png.
+and doc/cleanrl_<family>.png, from the record doc/cleanrl_runs/ that it keeps of every such run.
 
     python leanrl/tools/report.py runs/bench --out doc
     python leanrl/tools/report.py runs/learn --out doc --learning
@@ -171,6 +171,34 @@ def load(runs: Path) -> dict:
                 reason = skipped.read_text().strip() if skipped.exists() and not found else ""
                 data.setdefault(family_dir.name, {})[config_dir.name] = Config(found, reason)
     return data
+
+
+RECORD = "cleanrl_runs"  # --cleanrl's record of its runs, beside the page
+
+
+def slim(row: dict) -> dict:
+    """What the pages read of a metrics row: the step, the wall time, the return and each member's return."""
+    kept = {key: row[key] for key in ROW_KEYS}
+    if "members" in row:
+        kept["members"] = [{"episodic_return": member["episodic_return"]} for member in row["members"]]
+    return kept
+
+
+def record_runs(runs: Path, record: Path):
+    """Every run under `runs` into `record` (<family>/<configuration>/<seed>/): its summary.json, with the day it
+    finished or stopped, and what the page reads of its metrics.jsonl. CLEANRL=1's runs take hours and their folders
+    do not outlast the machine they ran on; the record, committed with the page, carries them into a later sitting
+    (run.sh does not run a recorded finished run again). A run recorded before is replaced by its newer state."""
+    for summary_file in sorted(runs.glob("*/*/*/summary.json")):
+        run = read_run(summary_file.parent)
+        if run is None:
+            continue
+        summary, rows = run
+        day = datetime.date.fromtimestamp(summary_file.stat().st_mtime).isoformat()
+        target = record / summary_file.parent.relative_to(runs)
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "summary.json").write_text(json.dumps(dict(summary, finished_on=day), indent=1) + "\n")
+        (target / "metrics.jsonl").write_text("".join(json.dumps(slim(row)) + "\n" for row in rows))
 
 
 def column_name(config: str) -> str:
@@ -754,18 +782,30 @@ def cleanrl_report(args: Args, data: dict):
     # asked before the plots are written: a page written into the checkout's doc/ would make the tree look changed
     wrote = commit()
     today = datetime.date.today().isoformat()
+    page = args.out / "learning_cleanrl.md"
+    # a family with no recorded runs keeps its section from the page before
+    kept = {f: text for f, text in page_sections(page.read_text() if page.exists() else "").items() if f not in ran}
     steps = "; ".join(f"{f} {our_steps(c):,} (CleanRL's {CLEANRL[f].steps:,})" for f, c in ran.items())
+    newest = max(s["finished_on"] for c in ran.values() for cfg in c.values() for s, _ in cfg.runs)
     lines = [
         "# Learning at CleanRL's budgets, beside CleanRL's published results",
         "",
         f"Written by `python leanrl/tools/report.py {args.runs} --cleanrl` (the last step of `CLEANRL=1 bash run.sh`) "
-        f"on {today}, from the runs under {args.runs}:",
+        f"on {today}, from the runs recorded in [{RECORD}/]({RECORD}/) (the runs under {args.runs}, and those an "
+        "earlier sitting recorded):",
         "",
         f"- commit: {wrote}, the checkout that wrote this page",
-        f"- machine: {hardware(ran)}",
-        f"- newest run: {finished(args.runs.glob('*/*/*/summary.json'))}, the day it finished or stopped",
+        f"- machines: {hardware(ran)}",
+        f"- newest run: {newest}, the day it finished or stopped",
         f"- seeds: {', '.join(str(seed) for seed in seeds(ran))}",
         f"- steps per run: {steps}",
+    ]
+    if kept:
+        lines.append(
+            f"- kept from the page before, with no recorded runs: {', '.join(kept)} (the section says where and when "
+            "its runs ran)"
+        )
+    lines += [
         "",
         "CleanRL: the final episodic return (mean ± std over CleanRL's seeds) and the runtime of one run on CleanRL's "
         "machine, from CleanRL's benchmark tables (openrlbenchmark, the runs tagged pr-424). "
@@ -779,7 +819,13 @@ def cleanrl_report(args: Args, data: dict):
         "resumed counts the time of each of its processes, not the pauses between them.",
         "",
     ]
-    for family, configs in ran.items():
+    for family in CLEANRL:
+        if family in kept:
+            lines += [kept[family]]
+            continue
+        if family not in ran:
+            continue
+        configs = ran[family]
         published = CLEANRL[family]
         ours = our_steps(configs)
         lines += [f"## {family}: {published.env_id} (CleanRL's {published.script})", ""]
@@ -799,7 +845,6 @@ def cleanrl_report(args: Args, data: dict):
             for script in scripts
         ]
         lines += ["", f"![{family} returns]({plot_cleanrl(family, configs, published, args.out)})", ""]
-    page = args.out / "learning_cleanrl.md"
     write_keeping_notes(page, lines)
     print(f"wrote {page} and the CleanRL plots; the README's lines:\n")
     print("\n".join(readme_lines(ran)))
@@ -816,7 +861,12 @@ def main():
         plumbing.fail(f"--out {args.out}: cannot write there ({e.strerror or e})")
     if args.learning and args.cleanrl:
         plumbing.fail("--learning and --cleanrl write different pages from different sweeps: give one of them")
-    data = load(args.runs)
+    runs = args.runs
+    if args.cleanrl:
+        runs = args.out / RECORD
+        record_runs(args.runs, runs)
+        runs.mkdir(exist_ok=True)
+    data = load(runs)
     if not any(cfg.runs for configs in data.values() for cfg in configs.values()):
         plumbing.fail(f"no finished runs under {args.runs} (expected <family>/<NN-configuration>/<seed>/summary.json)")
     if args.learning:
