@@ -15,7 +15,8 @@
   generators).
 - `Episodes`: the returns of finished episodes, from the raw rewards.
 - `Run`: metrics.jsonl, summary.json, wandb (`--track`), the progress bar, steady-state fps, Ctrl-C and SIGTERM, a
-  diverged run (non-finite losses) stopped before it saves.
+  diverged run (non-finite losses) stopped before it saves; in a seeds run a diverged member is reported, the others
+  train on, and its checkpoint keeps the member's last finite state (`finite_members`; `check_diverged` on resume).
 
 A script copied out of leanrl needs none of this: its algorithm and its tricks are all in the script.
 """
@@ -269,7 +270,8 @@ def check_run(
             f"--resume {args.resume} is already at step {ckpt['global_step']:,} of --total-timesteps "
             f"{args.total_timesteps:,}: nothing left to train; pass a larger --total-timesteps to go on"
         )
-    warnings = [check_track(args)] if args.track and lead else []
+    warnings = [check_diverged(args, ckpt)] if ckpt is not None else []
+    warnings += [check_track(args)] if args.track and lead else []
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's ranks on this machine share its cores
     if args.num_threads and args.num_threads * ranks > cores():
         threads = f"--num-threads {args.num_threads}" + (f" x {ranks} ranks" if ranks > 1 else "")
@@ -581,15 +583,40 @@ def load_checkpoint(args, script: str, same: tuple = ("env_id",)) -> dict:
     return ckpt
 
 
+def check_diverged(args, ckpt: dict) -> Optional[str]:
+    """The members of a seeds run's checkpoint that diverged (`Run.finite_members`). A member the file holds no finite
+    state of is refused: it would resume as NaN. A member whose last finite state the file kept goes on from it, said
+    in the line returned (None if no member diverged)."""
+    records = ckpt.get("diverged", [])
+    lost = [r for r in records if r["kept"] is None]
+    if lost:
+        who = ", ".join(f"seed {r['seed']} (at step {r['global_step']:,})" for r in lost)
+        fail(
+            f"--resume {args.resume}: member {who} diverged before any checkpoint held a finite state of it, so its "
+            "weights here are not finite; start a new run, with a lower learning rate for it"
+        )
+    if not records:
+        return None
+    who = "; ".join(
+        f"seed {r['seed']} diverged at step {r['global_step']:,}, goes on from step {r['kept']:,}" for r in records
+    )
+    return (
+        f"--resume: member {who}: the checkpoint kept its last finite weights and optimizer state (the other "
+        f"members' are of step {ckpt['global_step']:,})"
+    )
+
+
 def load_optimizer(optimizer: torch.optim.Optimizer, saved: dict):
     """A checkpoint's optimizer state under this run's settings. `load_state_dict` alone restores the writing run's
     param groups: its `capturable` (a CUDA-graph run's, resumed on a CPU, fails Adam's device check; a host run's,
     resumed under CUDA graphs, keeps the step counters on the host) and its lr (a copy that the loop, annealing its own
     lr tensor in place, no longer reaches). Here the groups keep this run's settings, and torch places each step
-    counter as this run's `capturable` asks."""
+    counter as this run's `capturable` asks. The state is copied in: torch would step the checkpoint's own tensors
+    (on the same device and dtype it keeps them), and a seeds run reads those at its end (`Run.finite_members`)."""
     own = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     groups = [dict(s, **settings) for s, settings in zip(saved["param_groups"], own)]
-    optimizer.load_state_dict(dict(saved, param_groups=groups))
+    state = {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()} for i, s in saved["state"].items()}
+    optimizer.load_state_dict(dict(saved, state=state, param_groups=groups))
     for group, settings in zip(optimizer.param_groups, own):
         group.update(settings)  # load_state_dict copies the groups: the lr tensor the loop anneals, itself again
 
@@ -738,8 +765,8 @@ class AtariEpisodes(Episodes):
 
 
 class MemberAtariEpisodes:
-    """Each member's own AtariEpisodes (its games' scores and lengths); the top-level fields are the members' means of
-    their means, as MemberEpisodes."""
+    """Each member's own AtariEpisodes (its games' scores and lengths); the top-level fields are the means of the
+    members still training (`Run.live_mean`)."""
 
     def __init__(self, members: int, num_envs: int):
         self.members = [AtariEpisodes(num_envs) for _ in range(members)]
@@ -755,17 +782,6 @@ class MemberAtariEpisodes:
     def mean_lengths(self) -> list:
         return [member.mean_length() for member in self.members]
 
-    @staticmethod
-    def average(values: list) -> Optional[float]:
-        values = [v for v in values if v is not None]
-        return float(np.mean(values)) if values else None
-
-    def mean(self) -> Optional[float]:
-        return self.average(self.means())
-
-    def mean_length(self) -> Optional[float]:
-        return self.average(self.mean_lengths())
-
     def state(self) -> dict:
         return dict(members=[member.state() for member in self.members])
 
@@ -776,7 +792,7 @@ class MemberAtariEpisodes:
 
 class MemberEpisodes:
     """`Episodes` of `members` runs side by side (the seeds scripts), `num_envs` envs each, in a row: one window of
-    finished returns per member."""
+    finished returns per member; the top-level return is the mean of the members still training (`Run.live_mean`)."""
 
     def __init__(self, members: int, num_envs: int, window: int = 20):
         self.ret = np.zeros(members * num_envs)
@@ -799,11 +815,6 @@ class MemberEpisodes:
     def means(self) -> list:
         """Each member's mean return over its window (None for a member with no finished episode yet)."""
         return [float(np.mean(finished)) if finished else None for finished in self.members]
-
-    def mean(self) -> Optional[float]:
-        """The members' mean of their means: what one run's `episodic_return` would be, averaged over the members."""
-        means = [m for m in self.means() if m is not None]
-        return float(np.mean(means)) if means else None
 
     def state(self) -> dict:
         members = [torch.tensor(list(finished), dtype=torch.float64) for finished in self.members]
@@ -921,7 +932,9 @@ class Run:
     """A run's outputs: a metrics.jsonl row per `log`, wandb with `--track`, the progress bar, the steady-state fps,
     and summary.json from `finish`. Used as a context: Ctrl-C (or SIGTERM) sets `stopping`, a second one ends the
     block at once and clears `consistent`, so no checkpoint of a half-done step is saved. A logged loss that is not
-    finite (or a policy torch.distributions refuses) stops the run as diverged, `consistent` cleared too.
+    finite (or a policy torch.distributions refuses) stops the run as diverged, `consistent` cleared too. In a seeds
+    run (a row with `members`) a member whose numbers are not finite is reported and left out of the top-level means,
+    the others train on; the run stops so once no member is left.
 
         run = Run(args, SCRIPT, device, total_steps=args.total_timesteps, start_step=global_step)
         with run:
@@ -953,7 +966,9 @@ class Run:
         self.lead = lead
         self.stop = StopFlag()
         self.consistent = True
-        self.diverged = None  # the step and the losses that were not finite, once they were not
+        self.diverged = None  # the step and the losses that were not finite, once they were not (and which members)
+        self.members_diverged = {}  # a seeds run: member index -> the step and the losses that were not finite
+        self.seeds = []  # a seeds run: each member's seed, as its rows give it
         self.fps = None
         self.mark = None  # (time, step) where steady state began
         self.untimed = 0.0  # seconds since the mark that were not training (`log(untimed=...)`)
@@ -1001,7 +1016,7 @@ class Run:
 
     @property
     def stopping(self) -> bool:
-        return self.stop.set or self.diverged is not None
+        return self.stop.set or not self.consistent
 
     def __enter__(self):
         return self
@@ -1025,7 +1040,8 @@ class Run:
 
     def diverge(self, global_step: int, names: list, when: str, what: str):
         """Training went non-finite: one line, the run stops, and nothing of it is saved over the last checkpoint."""
-        self.diverged = dict(global_step=global_step, losses=names)
+        if self.diverged is None:  # a seeds run's members have recorded theirs
+            self.diverged = dict(global_step=global_step, losses=names)
         self.consistent = False
         self.say(
             f"error: training diverged {when}: {what} not finite; the run stops without saving a checkpoint (the last "
@@ -1048,12 +1064,18 @@ class Run:
             self.mark = (now, global_step)
         if self.mark is not None and global_step > self.mark[1]:
             self.fps = (global_step - self.mark[1]) / (now - self.mark[0] - self.untimed)
+        members = row.pop("members", None)
         row = dict(global_step=global_step, time=now - self.start, fps=self.fps, **row)
         # the loop's host sync has already brought the losses here: checking them costs no other
+        if members is not None:
+            self.check_members(global_step, members)
+            row.update({key: self.live_mean([m[key] for m in members]) for key in members[0] if key != "seed"})
         broken = non_finite(row)
-        if broken and self.diverged is None:
+        if broken and self.consistent:
             said = ", ".join(f"{name} {value}" for name, value in broken.items())
             self.diverge(global_step, list(broken), f"at step {global_step:,}", said)
+        if members is not None:
+            row["members"] = members
         if self.metrics:
             try:
                 self.metrics.write(json.dumps(strict_json(row)) + "\n")
@@ -1065,6 +1087,78 @@ class Run:
         self.bar.set_postfix(fps=f"{self.fps or 0:.0f}", ret=f"{row.get('episodic_return') or 0:.1f}", refresh=False)
         self.stop.logged = True
         return row
+
+    def check_members(self, global_step: int, members: list):
+        """A seeds run's row: a member whose numbers are not finite for the first time is recorded (in `diverged` too)
+        and said in one line, and the others train on; once no member is left training, the run stops as diverged. A
+        member's NaN reaches no other: each has its own parameters, Adam moments, generator, envs, advantage
+        normalization and gradient clip, and the top-level fields leave it out (`live_mean`)."""
+        self.seeds = [m.get("seed", k) for k, m in enumerate(members)]
+        fresh = {k: non_finite(m) for k, m in enumerate(members) if k not in self.members_diverged}
+        fresh = {k: broken for k, broken in fresh.items() if broken}
+        if not fresh:
+            return
+        record = self.diverged or dict(global_step=global_step, losses=[])
+        record.setdefault("members", [])
+        for k, broken in fresh.items():
+            self.members_diverged[k] = dict(global_step=global_step, losses=list(broken))
+            record["losses"] += [f"members[{k}].{name}" for name in broken]
+            record["members"].append(self.seeds[k])
+        self.diverged = record
+        if len(self.members_diverged) == len(members):
+            said = ", ".join(f"members[{k}].{n} {v}" for k, broken in fresh.items() for n, v in broken.items())
+            self.diverge(global_step, record["losses"], f"at step {global_step:,}", said)
+            return
+        saved = ""
+        if getattr(self.args, "save_model", False):
+            saved = (
+                ", and agent.pt will keep this member's state from --resume's checkpoint"
+                if getattr(self.args, "resume", None)
+                else "; agent.pt will hold no finite state of this member (no earlier checkpoint): --resume refuses it"
+            )
+        for k, broken in fresh.items():
+            said = ", ".join(f"{name} {value}" for name, value in broken.items())
+            self.say(
+                f"error: training diverged for member seed {self.seeds[k]} at step {global_step:,}: {said} not finite; "
+                f"the other members train on{saved}"
+            )
+
+    def live_mean(self, values: list) -> Optional[float]:
+        """The mean of a seeds run's per-member `values` over the members still training, None values left out (None
+        if none is left)."""
+        kept = [v for k, v in enumerate(values) if k not in self.members_diverged and v is not None]
+        return float(np.mean(kept)) if kept else None
+
+    def finite_members(self, earlier: Optional[dict], **state) -> dict:
+        """A seeds run's per-member state for its checkpoint (`state`: the stacked parameters, the optimizer's state
+        dict, a normalizer's; every tensor of one or more dimensions holds the members along its first), with
+        `diverged`, the record `check_diverged` reads on resume. A member that diverged has its slices taken from
+        `earlier`, the checkpoint this run resumed from (the only one its log dir can hold): the file keeps the
+        member's last finite state, never NaNs over it; its envs, generator, step and Adam's step count (a scalar, the
+        members') are the run's. With no earlier checkpoint there is no finite state to keep: its slices are saved as
+        they are, recorded `kept` None, and --resume refuses the file."""
+        before = {r["seed"]: r["kept"] for r in earlier.get("diverged", [])} if earlier else {}
+        records = []
+        for k, record in self.members_diverged.items():
+            seed = self.seeds[k]
+            kept = before.get(seed, earlier["global_step"]) if earlier else None
+            records.append(dict(seed=seed, **record, kept=kept))
+        if earlier is None or not records:
+            return dict(state, diverged=records)
+
+        def splice(value, old):
+            if isinstance(value, torch.Tensor) and value.dim():
+                value = value.clone()
+                for k in self.members_diverged:
+                    value[k] = old[k]
+                return value
+            if isinstance(value, dict):
+                return {key: splice(item, old[key]) for key, item in value.items()}
+            if isinstance(value, (list, tuple)):
+                return type(value)(splice(item, o) for item, o in zip(value, old))
+            return value
+
+        return dict(splice(state, {name: earlier[name] for name in state}), diverged=records)
 
     def cannot_log(self, error: OSError):
         """metrics.jsonl can take no more rows (a full disk): the run stops here as Ctrl-C stops it, its checkpoint and
@@ -1105,6 +1199,12 @@ class Run:
                 diverged=self.diverged,
                 **extra,
             )
+            if self.members_diverged and "members" in summary:  # a seeds run's: each diverged member's record
+                summary["members"] = [
+                    dict(member, diverged=self.members_diverged[k]) if k in self.members_diverged else member
+                    for k, member in enumerate(summary["members"])
+                ]
+            summary = strict_json(summary)  # a diverged member's final return may be NaN
             write_atomically(os.path.join(self.args.log_dir, "summary.json"), json.dumps(summary, indent=2).encode())
             if self.wandb:
                 self.wandb.summary.update(summary)

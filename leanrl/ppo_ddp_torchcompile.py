@@ -720,7 +720,9 @@ def main(args: Args):
         dist_.close()
     if rank != 0:  # rank 0 reports the run and its exit code (a non-zero one here: torchrun would tear rank 0 down)
         return
-    run.stop.set = run.stopping or stop_all  # a stop asked of any rank stopped them all
+    # a stop asked of any rank stopped them all, and ends the job as interrupted; a divergence stops them the same
+    # way, and is recorded as diverged only, as in a single-process run
+    run.stop.set = run.stop.set or (stop_all and run.diverged is None)
     run.finish(
         global_step,
         mean_return,

@@ -580,15 +580,12 @@ def main(args: Args):
                 global_step,
                 steady=iteration - start_iteration + 1 >= args.measure_burnin,
                 iteration=iteration,
-                episodic_return=episodes.mean(),
                 t_rollout=t_rollout,
                 t_env=t_env,
                 t_policy=t_policy,
                 t_gae=t_gae,
                 t_update=t_update,
-                lr=float(np.mean(lrs)),
-                **dict(zip(names, np.mean(losses, 0).tolist())),
-                members=members,
+                members=members,  # the top-level return, lr and losses: the means of the members still training
             )
             if args.compile and iteration == start_iteration:
                 # every unit has compiled and nothing its guards check can change any more: stop checking them
@@ -604,8 +601,10 @@ def main(args: Args):
             f"{args.log_dir}/agent.pt",
             SCRIPT,
             args,
-            agent={name: p.detach() for name, p in params.items()},
-            optimizer=optimizer.state_dict(),
+            # a diverged member's parameters and Adam state: its last finite ones, from the resumed checkpoint
+            **run.finite_members(
+                ckpt, agent={name: p.detach() for name, p in params.items()}, optimizer=optimizer.state_dict()
+            ),
             iteration=iteration,
             global_step=global_step,
             rng=[g.get_state() for g in rngs],
@@ -616,7 +615,7 @@ def main(args: Args):
         )
     run.finish(
         global_step,
-        episodes.mean(),
+        run.live_mean(episodes.means()),
         run.compile_time() if args.compile else None,
         num_seeds=args.num_seeds,
         fps_all_seeds=run.fps * args.num_seeds if run.fps else None,

@@ -88,7 +88,7 @@ class Child:
 
     started = []  # every child of this test process, killed at the end of each test (see the autouse fixture)
 
-    def __init__(self, cmd, out: Path = None, env: dict = None):
+    def __init__(self, cmd, out: Path = None, env: dict = None, cwd: Path = ROOT):
         out = out or Path(tempfile.mkdtemp(prefix="leanrl-test-")) / "out"
         out.parent.mkdir(parents=True, exist_ok=True)
         self.cmd, self.out_path, self.err_path = (
@@ -104,7 +104,7 @@ class Child:
                 stdout=stdout,
                 stderr=stderr,
                 env=env,
-                cwd=ROOT,
+                cwd=cwd,
                 start_new_session=True,
             )
         Child.started.append(self)

@@ -621,16 +621,31 @@ def test_a_log_dir_is_claimed_by_the_run_that_gets_it(tmp_path, capsys):
     plumbing.check_run(Args(log_dir=str(log_dir)), "some_script")
 
 
-def test_a_seeds_run_names_the_member_that_diverged(tmp_path, capsys):
-    """The seeds scripts log each member's losses in `members`: the line names the member's, and its row is strict
-    JSON too. (The whole run stops: its members share one checkpoint.)"""
-    run = plumbing.Run(Args(log_dir=str(tmp_path)), "some_script", CPU, total_steps=10)
-    members = [dict(seed=1, pg_loss=0.5), dict(seed=2, pg_loss=float("nan"))]
+def test_a_seeds_run_names_the_member_that_diverged_and_goes_on(tmp_path, capsys):
+    """The seeds scripts log each member's losses in `members`: a member's non-finite losses are one line naming its
+    seed, the step and the losses, its row strict JSON; the run goes on (consistent: it may save) with the top-level
+    fields the means of the members still training. Once every member has diverged the run stops as any diverged run
+    does."""
+    run = plumbing.Run(Args(log_dir=str(tmp_path)), "some_script", CPU, total_steps=30)
     with run:
-        run.log(10, steady=True, pg_loss=float("nan"), members=members)
-    assert run.stopping and not run.consistent
-    line = next(line for line in capsys.readouterr().err.splitlines() if "training diverged" in line)
-    assert "members[1].pg_loss nan" in line, line
-    (row,) = [json.loads(line, parse_constant=pytest.fail) for line in (tmp_path / "metrics.jsonl").open()]
-    assert row["members"][1]["pg_loss"] is None and row["members"][0]["pg_loss"] == 0.5
-    assert run.diverged == dict(global_step=10, losses=["pg_loss", "members[1].pg_loss"])
+        run.log(10, steady=True, members=[dict(seed=1, pg_loss=0.5, lr=1.0), dict(seed=2, pg_loss=1.5, lr=3.0)])
+        run.log(
+            20, steady=True, members=[dict(seed=1, pg_loss=0.5, lr=1.0), dict(seed=2, pg_loss=float("nan"), lr=3.0)]
+        )
+        assert not run.stopping and run.consistent
+        run.log(
+            30, steady=True, members=[dict(seed=1, pg_loss=float("inf"), lr=1.0), dict(seed=2, pg_loss=0.0, lr=3.0)]
+        )
+        assert run.stopping and not run.consistent
+    lines = [line for line in capsys.readouterr().err.splitlines() if "training diverged" in line]
+    assert len(lines) == 2, lines
+    assert "seed 2" in lines[0] and "step 20" in lines[0] and "pg_loss nan" in lines[0] and "seed 1" not in lines[0]
+    assert "step 30" in lines[1] and "members[0].pg_loss inf" in lines[1] and "run stops" in lines[1], lines[1]
+    rows = [json.loads(line, parse_constant=pytest.fail) for line in (tmp_path / "metrics.jsonl").open()]
+    assert [(row["pg_loss"], row["lr"]) for row in rows] == [(1.0, 2.0), (0.5, 1.0), (None, None)]
+    assert rows[1]["members"][1]["pg_loss"] is None and rows[1]["members"][0]["pg_loss"] == 0.5
+    assert run.members_diverged == {
+        1: dict(global_step=20, losses=["pg_loss"]),
+        0: dict(global_step=30, losses=["pg_loss"]),
+    }
+    assert run.diverged == dict(global_step=20, losses=["members[1].pg_loss", "members[0].pg_loss"], members=[2, 1])

@@ -122,6 +122,30 @@ def test_single_process_matches_base_script(tmp_path):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
 
 
+@pytest.mark.parametrize("script", [CLASSIC, ATARI])
+def test_a_diverged_run_is_recorded_as_diverged_not_interrupted(script, tmp_path):
+    """A run whose losses go non-finite stops as diverged, as a single-process script's does: `diverged` in
+    summary.json, `interrupted` false (the ranks stop together through the stop they share with Ctrl-C), exit 1."""
+    log_dir = tmp_path / "run"
+    flags = [*SMOKE, "--num-threads", "1", "--learning-rate", "1e30"]
+    proc = run_script(script, *flags, log_dir=log_dir, check=False, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    summary = read_summary(log_dir)
+    assert summary["diverged"]["global_step"] == 64, summary["diverged"]
+    assert summary["interrupted"] is False
+
+
+def test_a_diverged_torchrun_run_is_recorded_as_diverged_not_interrupted(tmp_path):
+    """The same under torchrun: every rank's weights go non-finite at once (their gradients are averaged), all stop
+    together, and rank 0 records the run as diverged."""
+    log_dir = tmp_path / "run"
+    proc = torchrun(CLASSIC, 2, *SMOKE, "--learning-rate", "1e30", log_dir=log_dir).result(300, check=False)
+    assert proc.returncode == 1 and "exitcode  : 1" in proc.stderr, proc.stderr  # torchrun's report of rank 0's exit 1
+    summary = read_summary(log_dir)
+    assert summary["diverged"]["global_step"] == 128, summary["diverged"]
+    assert summary["interrupted"] is False
+
+
 T, N, MB = 16, 4, 16  # steps, envs in all, minibatch rows per rank (of 2)
 
 
