@@ -218,7 +218,7 @@ def test_halfcheetah_members_act_alike_in_torch_and_in_numpy():
         np.testing.assert_allclose(act_torch, act_np, rtol=1e-5, atol=1e-6)
 
 
-def test_the_torch_acting_unit_gives_one_action_per_env_in_a_row_as_numpy_does():
+def test_the_torch_policy_unit_gives_one_action_per_env_in_a_row_as_numpy_does():
     """The rollout stores a step's actions as one row of every member's envs, member after member. `act` is the unit
     that --compile/--cudagraphs wrap and a CUDA learner acts with (--no-host-actor), so it must return that row itself,
     as the numpy step does (a (num_seeds, num_envs) block cannot be stored there)."""
