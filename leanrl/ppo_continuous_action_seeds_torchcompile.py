@@ -20,10 +20,11 @@ the base's tricks remove machinery. Each in the function that holds it (doc/cont
 
 - `act`, `Agent.rollout_noise`: a rollout step only samples, mean + std * noise drawn once per rollout; the
   log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
-- `acting_unit`: where the rollout acts, and the only place that knows. A CPU learner acts with its own actor_mean
-  and a CUDA learner with a host copy of it (--host-actor, `host_copy` and `refresh`: a one-row step of a 64-unit MLP
-  costs less there than GPU launches), the normalizer on the host too, in numpy on views of the tensors (--numpy-act,
-  `numpy_units`); a CUDA learner with --no-host-actor acts with the compiled, graphed normalizer and policy units.
+- `main`, the acting choice just before the compile block: where the rollout acts, chosen once. A CPU learner acts
+  with its own actor_mean and a CUDA learner with a host copy of it (--host-actor, `host_copy`, and `refresh` in the
+  loop: a one-row step of a 64-unit MLP costs less there than GPU launches), the normalizer on the host too, in numpy
+  on views of the tensors (--numpy-act, `numpy_units`) or in torch (`torch_normalize`, `torch_step`); a CUDA learner
+  with --no-host-actor acts with the normalizer and policy units, the one case where the block graphs them.
 - `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
 - `Normalizer`: the observation statistics are tensors updated in place where the rollout acts (compiled, one fused
   step); the reward scaling of a whole rollout is done at once from cumulative sums (`Normalizer.rewards`).
@@ -115,10 +116,10 @@ class Args:
     """the target KL divergence threshold"""
 
     compile: bool = False
-    """if toggled, wrap the units in torch.compile: the observation normalizer, the policy step, `evaluate`, `get_value`
-    and `update` (a rollout acting on the host, a CPU learner's or --host-actor's, normalizes and acts in numpy, or
-    with the normalizer compiled and the policy eager instead: `acting_unit`); `gae` runs in numpy, with nothing to
-    compile"""
+    """if toggled, wrap the units in torch.compile: `evaluate`, `get_value`, `update`, the observation normalizer where
+    it runs in torch and the policy step where it acts on CUDA (--no-host-actor; a rollout acting on the host, a CPU
+    learner's or --host-actor's, normalizes and acts in numpy, or with the normalizer compiled and the policy eager:
+    main's acting choice); `gae` runs in numpy, with nothing to compile"""
     cudagraphs: bool = False
     """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     host_actor: bool = True
@@ -428,58 +429,23 @@ def refresh(acting: dict, learner: dict):
         torch._foreach_copy_(params, [x.view_as(p) for x, p in zip(flat.split([p.numel() for p in params]), params)])
 
 
-def acting_unit(args, normalize, policy, normalizer, agent, inference: dict, device):
-    """The rollout's two steps as the rollout calls them: the normalizer's (the env's numpy obs in, the obs the policy
-    reads out) and the policy's (that obs and the step's row of the rollout's noise in, numpy actions out); with the
-    functions that put the rollout's noise where the policy reads it, that stack a rollout's obs into one tensor, and
-    that bring the acting weights up to date once per iteration. The CPU acting paths are here and nowhere else:
-    - a CUDA learner with --no-host-actor acts with `normalize` and `policy`, the compiled, graphed units;
-    - a CPU learner acts with its own actor_mean, and a CUDA learner with --host-actor with a host copy of it (~20 KB
-      refreshed per iteration), with the normalizer's statistics moved to the host: a one-row step of a 64-unit MLP
-      costs less there than GPU launches. Either normalizes and acts in numpy, on views of the statistics and weights
-      (--numpy-act: at one row a torch call is all per-op dispatch), or in torch: the normalizer compiled with
-      --compile (one fused step, ~80 -> ~40 us), the policy eager (compiled it is slower, ~90 vs ~45 us a step).
-    Here every member's: its own actor_mean and statistics, stacked."""
-    shape = (args.num_seeds, args.num_envs, -1)
-    if device.type == "cuda" and not args.host_actor:
-
-        def device_normalize(obs):
-            return normalize(torch.from_numpy(obs).to(device, non_blocking=True).view(shape))
-
-        def device_step(obs, noise):
-            return policy(obs, noise).cpu().numpy()
-
-        return device_normalize, device_step, lambda noise: noise, torch.stack, lambda: None
-    host = device.type == "cuda"
-    actor = part(inference, "actor_mean")
-    if host:
-        actor = host_copy(actor, torch.device("cpu"))
-    refresh_actor = functools.partial(refresh, actor, part(inference, "actor_mean")) if host else lambda: None
-    normalizer.to(torch.device("cpu"))
-    if args.numpy_act:
-        numpy_normalize, numpy_policy = numpy_units(actor, normalizer)
-
-        def stack_numpy(obs):
-            return torch.from_numpy(np.stack(obs))
-
-        return numpy_normalize, numpy_policy, lambda noise: noise.cpu().numpy(), stack_numpy, refresh_actor
-    # compiled here, not in the block: there the normalizer's unit may be a CUDA graph
-    host_normalize = torch.compile(normalizer.obs) if args.compile else normalizer.obs
-
-    def torch_normalize(obs):
-        return host_normalize(torch.from_numpy(obs).view(shape))
-
-    def host_step(obs, noise):
-        return act(agent.actor_mean, actor, obs, noise).numpy()
-
-    return torch_normalize, host_step, lambda noise: noise.cpu(), torch.stack, refresh_actor
+def torch_normalize(normalize, device, shape: tuple, obs: np.ndarray):
+    """A torch normalizer step as the rollout calls it: the env's numpy obs in (every member's envs in a row), moved to
+    `device` where the rollout acts (a no-op on the host) as `shape`, the normalized obs out, there."""
+    return normalize(torch.from_numpy(obs).to(device, non_blocking=True).view(shape))
 
 
-def rollout(pools, policy, normalize, stack_obs, normalizer, next_obs, next_done, buf, noise, action_bounds):
-    """num_steps steps of every env into `buf`, acting with `normalize` and `policy` (`acting_unit`'s steps) and
-    `noise` where `policy` reads it; returns the last obs (as `normalize` gives it) and done, the raw rewards and the
-    dones after each step (numpy, for the loop's episode statistics), and the time split.
-    Staged in numpy (obs in a list, stacked by `stack_obs`), each field reaches `buf` in one copy.
+def torch_step(policy, obs, noise) -> np.ndarray:
+    """A torch policy step as the rollout calls it: the normalized obs and the step's row of the noise in, where the
+    rollout acts, numpy actions out."""
+    return policy(obs, noise).cpu().numpy()
+
+
+def rollout(pools, policy, normalize, numpy_act: bool, normalizer, next_obs, next_done, buf, noise, action_bounds):
+    """num_steps steps of every env into `buf`, acting with `normalize` and `policy` (main's acting choice; numpy steps
+    with `numpy_act`) and `noise` where `policy` reads it; returns the last obs (as `normalize` gives it) and done, the
+    raw rewards and the dones after each step (numpy, for the loop's episode statistics), and the time split.
+    Staged in numpy (obs in a list, as `normalize` gives them), each field reaches `buf` in one copy.
     `buf`: (num_steps, num_seeds, num_envs, ...)."""
     num_steps = buf["obs"].shape[0]
     num_envs = buf["dones"].shape[2]
@@ -492,6 +458,8 @@ def rollout(pools, policy, normalize, stack_obs, normalizer, next_obs, next_done
     obs = []
     t_env = 0.0
     t_policy = 0.0
+    if numpy_act:
+        noise = noise.numpy()  # a view
     for step in range(num_steps):
         obs.append(next_obs)
         dones[step] = next_done
@@ -510,7 +478,7 @@ def rollout(pools, policy, normalize, stack_obs, normalizer, next_obs, next_done
         rewards[step] = reward
         returns[step] = normalizer.discounted_return(reward, terminated)
         ended[step] = next_done
-    buf["obs"].copy_(stack_obs(obs), non_blocking=True)
+    buf["obs"].copy_(torch.from_numpy(np.stack(obs)) if numpy_act else torch.stack(obs), non_blocking=True)
     buf["actions"].copy_(torch.from_numpy(actions).view(buf["actions"].shape), non_blocking=True)
     buf["dones"].copy_(torch.from_numpy(dones).view(buf["dones"].shape), non_blocking=True)
     scaled = (torch.from_numpy(x).to(device).view(buf["rewards"].shape) for x in (rewards, returns))
@@ -639,8 +607,6 @@ def main(args: Args):
     action_bounds = (envs.action_space.low, envs.action_space.high)
     agent, params = stack_members(args, n_obs, n_actions, device)
     inference = {name: p.detach() for name, p in params.items()}  # the learner's storage, without autograd
-    # acting_unit moves it to a host that acts
-    normalizer = Normalizer(args.num_seeds, args.num_envs, n_obs, args.gamma, device)
     # each member's learning rate, clip and entropy coefficients: a sweep in one program (by default one value for all)
     member_lrs = list(args.learning_rates or (args.learning_rate,) * args.num_seeds)
     lr = torch.tensor(member_lrs, device=device)  # changed in place: compiled code is not re-traced
@@ -648,29 +614,50 @@ def main(args: Args):
     coefs = torch.tensor(list(zip(clip_coefs, args.ent_coefs or (args.ent_coef,) * args.num_seeds)), device=device)
     optimizer = make_optimizer(list(params.values()), lr, capturable=device.type == "cuda")
 
-    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
+    # Where the rollout acts, chosen here and nowhere else, the normalizer's statistics with it. A CPU learner acts
+    # with its own actor_mean, a CUDA learner with a host copy of it (--host-actor; the loop refreshes it: a one-row
+    # step of a 64-unit MLP costs less there than GPU launches) or, with --no-host-actor, on the device: the only place
+    # where the policy unit is compiled and, with the normalizer, captured below. On the host the rollout normalizes
+    # and acts in numpy, on views of the statistics and weights (--numpy-act: at one row a torch call is all per-op
+    # dispatch), or in torch: the normalizer compiled with --compile (one fused step, ~80 -> ~40 us), the policy eager
+    # (compiled it is slower, ~90 vs ~45 us a step). Here every member's: its own actor_mean and statistics, stacked.
+    host = device.type == "cuda" and args.host_actor
+    act_device = torch.device("cpu") if host else device
+    acting = host_copy(part(inference, "actor_mean"), act_device) if host else part(inference, "actor_mean")
+    normalizer = Normalizer(args.num_seeds, args.num_envs, n_obs, args.gamma, act_device)
+    numpy_act = args.numpy_act and act_device.type == "cpu"
+
+    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs (CUDA only:
+    # plumbing.pick_device has turned it off, with one line, where no CUDA device is in use). Once the first iteration
+    # has compiled them, the loop stops checking their guards (set_stance).
     normalize = normalizer.obs
-    policy = functools.partial(act, agent.actor_mean, part(inference, "actor_mean"))
+    policy = functools.partial(act, agent.actor_mean, acting)
     evaluate = functools.partial(members_call, agent, inference, dim=1)  # the rollout: (num_steps, num_seeds, ...)
     get_value = functools.partial(members_call, agent.critic, part(inference, "critic"))
     update_minibatch = functools.partial(update, agent, params, optimizer, coefs, args)
     if args.compile:
         # default options: on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
-        normalize = torch.compile(normalize)
-        policy = torch.compile(policy)
+        if not numpy_act:  # in torch, on the host too
+            normalize = torch.compile(normalize)
+        if act_device.type == "cuda":
+            policy = torch.compile(policy)
         evaluate = torch.compile(evaluate)
         get_value = torch.compile(get_value)
         update_minibatch = torch.compile(update_minibatch)
     if args.cudagraphs:
-        normalize = CudaGraphModule(normalize)
-        policy = CudaGraphModule(policy)
+        if act_device.type == "cuda":
+            normalize = CudaGraphModule(normalize)
+            policy = CudaGraphModule(policy)
         evaluate = CudaGraphModule(evaluate)
         get_value = CudaGraphModule(get_value)
         update_minibatch = CudaGraphModule(update_minibatch)
-    # a rollout acting on the host (a CPU learner's, or --host-actor's copy) takes the place of the acting units
-    normalize, policy, place_noise, stack_obs, refresh_actor = acting_unit(
-        args, normalize, policy, normalizer, agent, inference, device
-    )
+    # the rollout's steps: the env's numpy obs in, the obs the policy reads out; that obs and the noise in, numpy
+    # actions out
+    if numpy_act:
+        normalize, policy = numpy_units(acting, normalizer)
+    else:
+        normalize = functools.partial(torch_normalize, normalize, act_device, (args.num_seeds, args.num_envs, -1))
+        policy = functools.partial(torch_step, policy)
 
     shape = (args.num_steps, args.num_seeds, args.num_envs)
     buf = dict(
@@ -702,15 +689,17 @@ def main(args: Args):
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
                 lr.copy_(torch.tensor([frac * x for x in member_lrs]))
-            refresh_actor()  # a host copy takes the last updates' (or the resumed checkpoint's) parameters
+            if host:
+                # the last updates' (or the resumed checkpoint's) parameters
+                refresh(acting, part(inference, "actor_mean"))
             # each member's draw from its own generator; brought to where the policy acts in one transfer
             noise_shape = (args.num_steps, args.num_envs, n_actions)
-            noise = place_noise(rollout_noise(inference["actor_logstd"], noise_shape, rngs))
+            noise = rollout_noise(inference["actor_logstd"], noise_shape, rngs).to(act_device)
             next_obs, next_done, rewards, ended, t_env, t_policy = rollout(
                 pools,
                 policy,
                 normalize,
-                stack_obs,
+                numpy_act,
                 normalizer,
                 next_obs,
                 next_done,
@@ -723,7 +712,7 @@ def main(args: Args):
             t_rollout = time.perf_counter() - t_iter
 
             t0 = time.perf_counter()
-            last_obs = stack_obs([next_obs])[0].to(device)  # as the rollout's obs reach the buffer
+            last_obs = torch.as_tensor(next_obs, device=device)  # as the rollout's obs reach the buffer
             last_done = torch.from_numpy(next_done).to(device).float().view(args.num_seeds, args.num_envs)
             logprobs, _, values = evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
             buf["logprobs"].copy_(logprobs)

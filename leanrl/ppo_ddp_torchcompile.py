@@ -5,10 +5,11 @@ The algorithm, network and defaults of ppo.py (CleanRL's). Its tricks, each in t
 
 - `act`: a rollout step only samples, argmax(logits + Gumbel noise), exact Categorical sampling without a Distribution;
   the log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
-- `acting_unit`: where the rollout acts, and the only place that knows. A CPU learner acts with its own actor and a
-  CUDA learner with a host copy of it (--host-actor, `host_copy` and `refresh`: a 4-row step of a 64-unit MLP costs
-  less on the CPU than GPU launches), through numpy views of the weights (--numpy-act, `numpy_policy`); a CUDA learner
-  with --no-host-actor acts with the compiled, graphed policy unit.
+- `main`, the acting choice just before the compile block: where the rollout acts, chosen once. A CPU learner acts
+  with its own actor and a CUDA learner with a host copy of it (--host-actor, `host_copy`, and `refresh` in the loop: a
+  4-row step of a 64-unit MLP costs less on the CPU than GPU launches), through numpy views of the weights
+  (--numpy-act, `numpy_policy`) or eagerly (`torch_step`); a CUDA learner with --no-host-actor acts with the policy
+  unit, the one case where the block compiles and graphs it.
 - `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
 - `update`, `adam_step`: torch.func.grad and torch.optim's functional Adam, so that compiled, forward, backward,
   clipping and the Adam step are one graph (loss.backward() and optimizer.step() would each break it).
@@ -117,9 +118,9 @@ class Args:
     """the target KL divergence threshold"""
 
     compile: bool = False
-    """if toggled, wrap the units in torch.compile: the policy step, `evaluate`, `get_value` and `update` (a policy
-    acting on the host, a CPU learner's or --host-actor's, acts in numpy or eagerly instead: `acting_unit`); `gae`
-    runs in numpy, with nothing to compile"""
+    """if toggled, wrap the units in torch.compile: `evaluate`, `get_value`, `update` and the policy step where it acts
+    on CUDA (--no-host-actor; a policy acting on the host, a CPU learner's or --host-actor's, acts in numpy or eagerly:
+    main's acting choice); `gae` runs in numpy, with nothing to compile"""
     cudagraphs: bool = False
     """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     host_actor: bool = True
@@ -331,38 +332,17 @@ def refresh(acting: nn.Module, learner: nn.Module):
         torch._foreach_copy_(params, [x.view_as(p) for x, p in zip(flat.split([p.numel() for p in params]), params)])
 
 
-def acting_unit(args, policy, agent, agent_inference, device):
-    """The rollout's policy step as the rollout calls it, numpy observations and the step's row of the rollout's noise
-    in, numpy actions out; with the function that puts the rollout's noise where the step reads it, and the one that
-    brings the acting weights up to date once per iteration. The CPU acting paths are here and nowhere else:
-    - a CUDA learner with --no-host-actor acts with `policy`, the compiled, graphed unit;
-    - a CPU learner acts with its own actor, and a CUDA learner with --host-actor with a host copy of it (~20 KB
-      refreshed per iteration): a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches. Either acts
-      through numpy views of the weights (--numpy-act: at 4 rows a torch forward is all per-op dispatch) or eagerly:
-      compiled, a step is faster alone (29 vs 34 us) but slower in the rollout, where it and the env evict each
-      other's caches (93 vs 83 us a step)."""
-    if device.type == "cuda" and not args.host_actor:
-
-        def device_step(obs, noise):
-            return policy(torch.from_numpy(obs).to(device, non_blocking=True), noise).cpu().numpy()
-
-        return device_step, lambda noise: noise, lambda: None
-    host = device.type == "cuda"
-    actor = host_copy(agent.actor, torch.device("cpu")) if host else agent_inference.actor
-    refresh_actor = functools.partial(refresh, actor, agent.actor) if host else lambda: None
-    if args.numpy_act:
-        return numpy_policy(actor), lambda noise: noise.cpu().numpy(), refresh_actor
-
-    def host_step(obs, noise):
-        return act(actor, torch.from_numpy(obs), noise).numpy()
-
-    return host_step, lambda noise: noise.cpu(), refresh_actor
+def torch_step(policy, device, obs: np.ndarray, gumbel) -> np.ndarray:
+    """A torch policy step as the rollout calls it: numpy observations in, moved to `device` where the policy acts (a
+    no-op on the host), the step's row of the rollout's noise already there, numpy actions out."""
+    return policy(torch.from_numpy(obs).to(device, non_blocking=True), gumbel).cpu().numpy()
 
 
-def rollout(envs, policy, place_noise, next_obs, next_done, buf, n_actions: int, rng):
-    """num_steps steps of every env into `buf`, acting with `policy` (`acting_unit`'s step); returns the last obs/done,
-    the rewards and the dones after each step (numpy, for the loop's episode statistics) and the time split. The
-    env's outputs and the actions are staged in numpy and reach `buf` in one copy per iteration each."""
+def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf, n_actions: int, rng):
+    """num_steps steps of every env into `buf`, acting with `policy` (main's acting choice: numpy observations and the
+    step's row of the noise in, numpy actions out) on `act_device`, a numpy step with `numpy_act`; returns the last
+    obs/done, the rewards and the dones after each step (numpy, for the loop's episode statistics) and the time split.
+    The env's outputs and the actions are staged in numpy and reach `buf` in one copy per iteration each."""
     num_steps = buf["obs"].shape[0]
     device = buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
@@ -372,9 +352,12 @@ def rollout(envs, policy, place_noise, next_obs, next_done, buf, n_actions: int,
     actions = np.empty(buf["actions"].shape, np.int64)
     t_env = 0.0
     t_policy = 0.0
-    # one draw per rollout from the loop's generator, brought to where the policy acts in one transfer
+    # one draw per rollout from the loop's generator, brought to where the policy acts in one transfer (a numpy step
+    # reads a view of it)
     gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()
-    gumbel = place_noise(gumbel)
+    gumbel = gumbel.to(act_device)
+    if numpy_act:
+        gumbel = gumbel.numpy()
     for step in range(num_steps):
         obs[step] = next_obs
         dones[step] = next_done
@@ -566,8 +549,21 @@ def main(args: Args):
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
     optimizer = make_optimizer(agent, lr, capturable=device.type == "cuda")
 
-    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
-    policy = functools.partial(act, agent_inference.actor)
+    # Where the rollout acts, chosen here and nowhere else. A CPU learner acts with its own actor, a CUDA learner with
+    # a host copy of it (--host-actor; the loop refreshes it: a 4-row step of a 64-unit MLP costs less on the CPU than
+    # GPU launches) or, with --no-host-actor, on the device: the only place where the policy unit is compiled and
+    # captured below. On the host the step runs through numpy views of the weights (--numpy-act: at 4 rows a torch
+    # forward is all per-op dispatch) or eagerly: compiled, a step is faster alone (29 vs 34 us) but slower in the
+    # rollout, where it and the env evict each other's caches (93 vs 83 us a step).
+    host = device.type == "cuda" and args.host_actor
+    act_device = torch.device("cpu") if host else device
+    acting = host_copy(agent.actor, act_device) if host else agent_inference.actor
+    numpy_act = args.numpy_act and act_device.type == "cpu"
+
+    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs (CUDA only:
+    # plumbing.pick_device has turned it off, with one line, where no CUDA device is in use). Once the first iteration
+    # has compiled them, the loop stops checking their guards (set_stance).
+    policy = functools.partial(act, acting)
     evaluate = agent_inference.forward
     get_value = agent_inference.get_value
     update_minibatch = functools.partial(update, agent, optimizer, args, dist_)
@@ -576,17 +572,22 @@ def main(args: Args):
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
         # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
         options = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
-        policy = torch.compile(policy, options=options)
+        if act_device.type == "cuda":
+            policy = torch.compile(policy, options=options)
         evaluate = torch.compile(evaluate, options=options)
         get_value = torch.compile(get_value, options=options)
         update_minibatch = torch.compile(update_minibatch, options=options)
     if args.cudagraphs:
-        policy = CudaGraphModule(policy)
+        if act_device.type == "cuda":
+            policy = CudaGraphModule(policy)
         evaluate = CudaGraphModule(evaluate)
         get_value = CudaGraphModule(get_value)
         update_minibatch = CudaGraphModule(update_minibatch)
-    # a policy acting on the host (a CPU learner's, or --host-actor's copy) takes the compiled one's place
-    policy, place_noise, refresh_actor = acting_unit(args, policy, agent, agent_inference, device)
+    # the rollout's step, numpy observations in, numpy actions out
+    if numpy_act:
+        policy = numpy_policy(acting)
+    else:
+        policy = functools.partial(torch_step, policy, act_device)
 
     shape = (args.num_steps, args.num_envs)
     buf = dict(
@@ -624,9 +625,10 @@ def main(args: Args):
             dist_.t_sync = 0.0
             if args.anneal_lr:
                 lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
-            refresh_actor()  # a host copy takes the last updates' (or the resumed checkpoint's) parameters
+            if host:
+                refresh(acting, agent.actor)  # the last updates' (or the resumed checkpoint's) parameters
             next_obs, next_done, rewards, ended, t_env, t_policy = rollout(
-                envs, policy, place_noise, next_obs, next_done, buf, n_actions, rng
+                envs, policy, act_device, numpy_act, next_obs, next_done, buf, n_actions, rng
             )
             episodes.record_steps(rewards, ended)
             global_step += global_batch

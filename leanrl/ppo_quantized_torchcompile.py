@@ -2,10 +2,10 @@
 
 The trick, in the functions that hold it (doc/quantized.md measures it):
 
-- `quantize_actor`, `int8_acting_unit`: the rollout acts with an int8 copy of the actor (torchao's
-  Int8DynamicActivationInt8WeightConfig: int8 weights and activations, VNNI/AMX GEMMs on x86, int8 tensor cores on
-  CUDA), where the base's policy acts: with --host-actor and a CUDA learner the copy is made from a host copy of the
-  actor and acts on the host.
+- `quantize_actor`: the rollout acts with an int8 copy of the actor (torchao's Int8DynamicActivationInt8WeightConfig:
+  int8 weights and activations, VNNI/AMX GEMMs on x86, int8 tensor cores on CUDA), where the base's policy acts
+  (`torch_step` around it): with --host-actor and a CUDA learner the copy is made from a host copy of the actor and
+  acts on the host.
 - `Requantizer`: the copy is rebuilt from the trained fp32 weights every --quant-every iterations (--quant-async: in
   a background thread, acting from the next iteration).
 - `behaviour_logprob`: the stored log-probabilities are the int8 copy's, so the update's ratio (the fp32 agent is
@@ -19,10 +19,11 @@ The algorithm, network and defaults of ppo.py (CleanRL's). The base's tricks, ea
 
 - `act`: a rollout step only samples, argmax(logits + Gumbel noise), exact Categorical sampling without a Distribution;
   the log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
-- `acting_unit`: where the rollout acts, and the only place that knows. A CPU learner acts with its own actor and a
-  CUDA learner with a host copy of it (--host-actor, `host_copy` and `refresh`: a 4-row step of a 64-unit MLP costs
-  less on the CPU than GPU launches), through numpy views of the weights (--numpy-act, `numpy_policy`); a CUDA learner
-  with --no-host-actor acts with the compiled, graphed policy unit.
+- `main`, the acting choice just before the compile block: where the rollout acts, chosen once. A CPU learner acts
+  with its own actor and a CUDA learner with a host copy of it (--host-actor, `host_copy`, and `refresh` in the loop: a
+  4-row step of a 64-unit MLP costs less on the CPU than GPU launches), through numpy views of the weights
+  (--numpy-act, `numpy_policy`) or eagerly (`torch_step`); a CUDA learner with --no-host-actor acts with the policy
+  unit, the one case where the block compiles and graphs it.
 - `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
 - `update`, `adam_step`: torch.func.grad and torch.optim's functional Adam, so that compiled, forward, backward,
   clipping and the Adam step are one graph (loss.backward() and optimizer.step() would each break it).
@@ -130,10 +131,10 @@ class Args:
     """build the next int8 policy in a background thread while the rollouts go on; it acts from the next iteration"""
 
     compile: bool = False
-    """if toggled, wrap the units in torch.compile: the policy step, `evaluate`, `get_value` and `update` (a policy
-    acting on the host, a CPU learner's or --host-actor's, acts in numpy or eagerly instead: `acting_unit`), and the
-    int8 steps (acting, behaviour log-probs: on every device, as eager torchao int8 dispatches each op from Python);
-    `gae` runs in numpy, with nothing to compile"""
+    """if toggled, wrap the units in torch.compile: `evaluate`, `get_value`, `update` and the policy step where it acts
+    on CUDA (--no-host-actor; a policy acting on the host, a CPU learner's or --host-actor's, acts in numpy or eagerly:
+    main's acting choice), and the int8 steps (acting, behaviour log-probs: on every device, as eager torchao int8
+    dispatches each op from Python); `gae` runs in numpy, with nothing to compile"""
     cudagraphs: bool = False
     """if toggled, wrap the learner's units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA
     only); the int8 steps stay out: each rebuild of the copy makes new tensors, and a graph replays those it captured"""
@@ -280,16 +281,6 @@ class Requantizer:
             self.pool.shutdown(cancel_futures=True)
 
 
-def int8_acting_unit(quant_policy, qactor, act_device):
-    """The int8 copy's rollout step as the rollout calls it (as `acting_unit`'s): numpy observations in, moved to where
-    the copy acts, numpy actions out; with the function that puts the rollout's noise there."""
-
-    def int8_step(obs, noise):
-        return quant_policy(qactor, torch.from_numpy(obs).to(act_device, non_blocking=True), noise).cpu().numpy()
-
-    return int8_step, lambda noise: noise.to(act_device)
-
-
 def policy_bytes(module: nn.Module) -> int:
     """The size of the policy's serialized state (torch.save), as it would be shipped to an actor process."""
     out = io.BytesIO()
@@ -337,38 +328,17 @@ def refresh(acting: nn.Module, learner: nn.Module):
         torch._foreach_copy_(params, [x.view_as(p) for x, p in zip(flat.split([p.numel() for p in params]), params)])
 
 
-def acting_unit(args, policy, agent, agent_inference, device):
-    """The rollout's policy step as the rollout calls it, numpy observations and the step's row of the rollout's noise
-    in, numpy actions out; with the function that puts the rollout's noise where the step reads it, and the one that
-    brings the acting weights up to date once per iteration. The CPU acting paths are here and nowhere else:
-    - a CUDA learner with --no-host-actor acts with `policy`, the compiled, graphed unit;
-    - a CPU learner acts with its own actor, and a CUDA learner with --host-actor with a host copy of it (~20 KB
-      refreshed per iteration): a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches. Either acts
-      through numpy views of the weights (--numpy-act: at 4 rows a torch forward is all per-op dispatch) or eagerly:
-      compiled, a step is faster alone (29 vs 34 us) but slower in the rollout, where it and the env evict each
-      other's caches (93 vs 83 us a step)."""
-    if device.type == "cuda" and not args.host_actor:
-
-        def device_step(obs, noise):
-            return policy(torch.from_numpy(obs).to(device, non_blocking=True), noise).cpu().numpy()
-
-        return device_step, lambda noise: noise, lambda: None
-    host = device.type == "cuda"
-    actor = host_copy(agent.actor, torch.device("cpu")) if host else agent_inference.actor
-    refresh_actor = functools.partial(refresh, actor, agent.actor) if host else lambda: None
-    if args.numpy_act:
-        return numpy_policy(actor), lambda noise: noise.cpu().numpy(), refresh_actor
-
-    def host_step(obs, noise):
-        return act(actor, torch.from_numpy(obs), noise).numpy()
-
-    return host_step, lambda noise: noise.cpu(), refresh_actor
+def torch_step(policy, device, obs: np.ndarray, gumbel) -> np.ndarray:
+    """A torch policy step as the rollout calls it: numpy observations in, moved to `device` where the policy acts (a
+    no-op on the host), the step's row of the rollout's noise already there, numpy actions out."""
+    return policy(torch.from_numpy(obs).to(device, non_blocking=True), gumbel).cpu().numpy()
 
 
-def rollout(envs, policy, place_noise, next_obs, next_done, buf, n_actions: int, rng):
-    """num_steps steps of every env into `buf`, acting with `policy` (`acting_unit`'s step); returns the last obs/done,
-    the rewards and the dones after each step (numpy, for the loop's episode statistics) and the time split. The
-    env's outputs and the actions are staged in numpy and reach `buf` in one copy per iteration each."""
+def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf, n_actions: int, rng):
+    """num_steps steps of every env into `buf`, acting with `policy` (main's acting choice: numpy observations and the
+    step's row of the noise in, numpy actions out) on `act_device`, a numpy step with `numpy_act`; returns the last
+    obs/done, the rewards and the dones after each step (numpy, for the loop's episode statistics) and the time split.
+    The env's outputs and the actions are staged in numpy and reach `buf` in one copy per iteration each."""
     num_steps = buf["obs"].shape[0]
     device = buf["obs"].device
     obs = np.empty((num_steps,) + next_obs.shape, np.float32)
@@ -378,9 +348,12 @@ def rollout(envs, policy, place_noise, next_obs, next_done, buf, n_actions: int,
     actions = np.empty(buf["actions"].shape, np.int64)
     t_env = 0.0
     t_policy = 0.0
-    # one draw per rollout from the loop's generator, brought to where the policy acts in one transfer
+    # one draw per rollout from the loop's generator, brought to where the policy acts in one transfer (a numpy step
+    # reads a view of it)
     gumbel = -torch.empty(buf["dones"].shape + (n_actions,), device=device).exponential_(generator=rng).log()
-    gumbel = place_noise(gumbel)
+    gumbel = gumbel.to(act_device)
+    if numpy_act:
+        gumbel = gumbel.numpy()
     for step in range(num_steps):
         obs[step] = next_obs
         dones[step] = next_done
@@ -517,9 +490,23 @@ def main(args: Args):
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
     optimizer = make_optimizer(agent, lr, capturable=device.type == "cuda")
 
-    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
+    # Where the rollout acts, chosen here and nowhere else. A CPU learner acts with its own actor, a CUDA learner with
+    # a host copy of it (--host-actor: a 4-row step of a 64-unit MLP costs less on the CPU than GPU launches) or, with
+    # --no-host-actor, on the device: the only place where the policy unit is compiled and captured below. On the host
+    # the step runs through numpy views of the weights (--numpy-act: at 4 rows a torch forward is all per-op dispatch)
+    # or eagerly: compiled, a step is faster alone (29 vs 34 us) but slower in the rollout, where it and the env evict
+    # each other's caches (93 vs 83 us a step). Here the int8 copy acts there, and this fp32 step (its host copy
+    # refreshed then) is timed against it at the end.
+    host = device.type == "cuda" and args.host_actor
+    act_device = torch.device("cpu") if host else device
+    acting = host_copy(agent.actor, act_device) if host else agent_inference.actor
+    numpy_act = args.numpy_act and act_device.type == "cpu"
+
+    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs (CUDA only:
+    # plumbing.pick_device has turned it off, with one line, where no CUDA device is in use). Once the first iteration
+    # has compiled them, the loop stops checking their guards (set_stance).
     # the base's fp32 step: here the latency baseline of the summary
-    policy = functools.partial(act, agent_inference.actor)
+    policy = functools.partial(act, acting)
     quant_policy = act  # the int8 steps take the acting copy as an argument: a rebuilt copy is not a new function
     behaviour = behaviour_logprob
     evaluate = agent_inference.forward
@@ -530,7 +517,8 @@ def main(args: Args):
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
         # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
         options = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
-        policy = torch.compile(policy, options=options)
+        if act_device.type == "cuda":
+            policy = torch.compile(policy, options=options)
         # the int8 steps are compiled on a CPU too: eager, torchao's tensor subclass dispatches every op from Python.
         # A rebuilt copy is a new module with the same structure: no recompilation.
         quant_policy = torch.compile(quant_policy, options=options)
@@ -539,13 +527,17 @@ def main(args: Args):
         get_value = torch.compile(get_value, options=options)
         update_minibatch = torch.compile(update_minibatch, options=options)
     if args.cudagraphs:
-        policy = CudaGraphModule(policy)
+        if act_device.type == "cuda":
+            policy = CudaGraphModule(policy)
         # the int8 steps stay out of CUDA graphs: a graph replays the tensors it captured; every rebuild makes new ones
         evaluate = CudaGraphModule(evaluate)
         get_value = CudaGraphModule(get_value)
         update_minibatch = CudaGraphModule(update_minibatch)
-    # a policy acting on the host (a CPU learner's, or --host-actor's copy) takes the compiled one's place
-    policy, place_noise, refresh_actor = acting_unit(args, policy, agent, agent_inference, device)
+    # the rollout's step, numpy observations in, numpy actions out
+    if numpy_act:
+        policy = numpy_policy(acting)
+    else:
+        policy = functools.partial(torch_step, policy, act_device)
 
     shape = (args.num_steps, args.num_envs)
     buf = dict(
@@ -570,8 +562,7 @@ def main(args: Args):
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
 
-    # the int8 copy acts where the base's policy acts (`acting_unit`), built from the learner's actor copied there
-    act_device = device if device.type == "cuda" and not args.host_actor else torch.device("cpu")
+    # the int8 copy acts where the base's policy acts (`act_device`), built from the learner's actor copied there
     requant = Requantizer(agent.actor, torch.from_numpy(next_obs).to(act_device), args.quant_every, args.quant_async)
     run = plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step)
     iteration = start_iteration - 1
@@ -582,9 +573,9 @@ def main(args: Args):
                 lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
             t_swap = requant.refresh(iteration - start_iteration)
             qactor = requant.current  # the policy that acts in this rollout, and whose log-probs are stored
-            int8_policy, place_int8_noise = int8_acting_unit(quant_policy, qactor, act_device)
+            int8_policy = functools.partial(torch_step, functools.partial(quant_policy, qactor), act_device)
             next_obs, next_done, rewards, ended, t_env, t_policy = rollout(
-                envs, int8_policy, place_int8_noise, next_obs, next_done, buf, n_actions, rng
+                envs, int8_policy, act_device, False, next_obs, next_done, buf, n_actions, rng
             )
             episodes.record_steps(rewards, ended)
             global_step += args.batch_size
@@ -661,12 +652,13 @@ def main(args: Args):
         )
     # the policy's cost per rollout step on the last observations, each as the rollout calls it: fp32 as the base
     # script acts (here only, so its host copy, if any, takes the trained weights now), int8 as this one
-    refresh_actor()
-    gumbel = -torch.empty(args.num_envs, n_actions, device=device).exponential_().log()
-    int8_policy, place_int8_noise = int8_acting_unit(quant_policy, requant.current, act_device)
+    if host:
+        refresh(acting, agent.actor)
+    gumbel = -torch.empty(args.num_envs, n_actions, device=device).exponential_().log().to(act_device)
+    int8_policy = functools.partial(torch_step, functools.partial(quant_policy, requant.current), act_device)
     with torch.compiler.set_stance("default", skip_guard_eval_unsafe=args.compile):  # as in the loop
-        latency_fp32 = forward_latency(policy, next_obs, place_noise(gumbel))
-        latency_quant = forward_latency(int8_policy, next_obs, place_int8_noise(gumbel))
+        latency_fp32 = forward_latency(policy, next_obs, gumbel.numpy() if numpy_act else gumbel)
+        latency_quant = forward_latency(int8_policy, next_obs, gumbel)
     quant = dict(
         quant_method=QUANT_METHOD,
         quant_every=args.quant_every,

@@ -235,13 +235,9 @@ def test_inference_copy_shares_storage_without_grad(tc, tmp_path, monkeypatch):
 
 def cartpole_rollout(tc, policy, num_envs=2, num_steps=48, seed=3, numpy_act=False) -> dict:
     """The buffers of one rollout from a fixed seed (envs and Gumbel noise), acting with `policy` on the CPU (a torch
-    policy, or a numpy one with `numpy_act`) in the rollout's form: numpy observations in, numpy actions out."""
+    policy, in the rollout's form as main builds it, or a numpy one with `numpy_act`)."""
     if not numpy_act:
-        torch_policy = policy
-
-        def policy(obs, noise):
-            return torch_policy(torch.from_numpy(obs), noise).numpy()
-
+        policy = functools.partial(tc.torch_step, policy, torch.device("cpu"))
     args = tc.Args(num_envs=num_envs, num_steps=num_steps)
     envs = tc.make_envs(args, "")
     shape = (num_steps, num_envs)
@@ -254,7 +250,8 @@ def cartpole_rollout(tc, policy, num_envs=2, num_steps=48, seed=3, numpy_act=Fal
     tc.rollout(
         envs,
         policy,
-        (lambda noise: noise.numpy()) if numpy_act else (lambda noise: noise),
+        torch.device("cpu"),
+        numpy_act,
         envs.reset(seed=seed)[0],
         np.zeros(num_envs, dtype=bool),
         buf,

@@ -7,7 +7,6 @@ Each script runs with --compile once, and the runs are shared by the assertions 
 import copy
 import functools
 import signal
-from types import SimpleNamespace
 
 import envpool
 import gymnasium
@@ -249,19 +248,17 @@ def test_normalizers_match_cleanrls_gymnasium_wrappers(how):
         }
         agent = module.Agent(11, 3).requires_grad_(False)
         # a CPU learner's rollout acts on the host, in torch or numpy: the compiled units are not needed
-        normalize, policy, place_noise, stack_obs, _ = module.acting_unit(
-            module.Args(numpy_act=how == "numpy_act"), None, None, normalizer, agent, agent, torch.device("cpu")
-        )
+        normalize, policy = host_steps(module, agent.actor_mean, normalizer, how == "numpy_act")
         last = module.rollout(
             envs,
             policy,
             normalize,
-            stack_obs,
+            how == "numpy_act",
             normalizer,
             normalize(envs.reset()[0]),
             np.zeros(1, dtype=bool),
             buf,
-            place_noise(torch.zeros(steps, 1, 3)),
+            torch.zeros(steps, 1, 3),
             (-np.ones(3), np.ones(3)),
         )[0]
         obs = np.concatenate([buf["obs"].detach().numpy(), np.asarray(last)[None]])
@@ -385,10 +382,19 @@ def test_rollout_noise_samples_the_policy_gaussian(tc):
     torch.testing.assert_close(samples.std((0, 1)), std, rtol=0.02, atol=0)
 
 
+def host_steps(tc, actor, normalizer, numpy_act: bool):
+    """The rollout's normalizer and policy steps as main builds them where the rollout acts on the host (a CPU
+    learner's actor_mean, or the --host-actor copy): in numpy with `numpy_act`, else in torch, eagerly."""
+    if numpy_act:
+        return tc.numpy_units(actor, normalizer)
+    normalize = functools.partial(tc.torch_normalize, normalizer.obs, torch.device("cpu"))
+    return normalize, functools.partial(tc.torch_step, functools.partial(tc.act, actor))
+
+
 def cheetah_rollout(tc, actor, num_steps=64, seed=3, numpy_act=False):
     """One rollout of a fresh HalfCheetah from a fixed seed (env, noise), acting with `actor` as a CPU learner acts
-    with its own (`acting_unit`: in torch, or in numpy with `numpy_act`), and a fresh normalizer: the buffers and the
-    normalizer's statistics afterwards."""
+    with its own (main's acting choice: in torch, or in numpy with `numpy_act`), and a fresh normalizer: the buffers
+    and the normalizer's statistics afterwards."""
     envs = envpool.make("HalfCheetah-v4", env_type="gymnasium", num_envs=1, seed=seed)
     normalizer = tc.Normalizer(1, 17, GAMMA, "cpu")
     buf = {
@@ -396,20 +402,17 @@ def cheetah_rollout(tc, actor, num_steps=64, seed=3, numpy_act=False):
         for k, dims in (("obs", (17,)), ("actions", (6,)), ("dones", ()), ("rewards", ()))
     }
     noise = 0.5 * torch.randn(num_steps, 1, 6, generator=torch.Generator().manual_seed(seed))
-    learner = SimpleNamespace(actor_mean=actor)
-    normalize, policy, place_noise, stack_obs, _ = tc.acting_unit(
-        tc.Args(numpy_act=numpy_act), None, None, normalizer, learner, learner, torch.device("cpu")
-    )
+    normalize, policy = host_steps(tc, actor, normalizer, numpy_act)
     tc.rollout(
         envs,
         policy,
         normalize,
-        stack_obs,
+        numpy_act,
         normalizer,
         normalize(envs.reset()[0]),
         np.zeros(1, dtype=bool),
         buf,
-        place_noise(noise),
+        noise,
         (envs.action_space.low, envs.action_space.high),
     )
     envs.close()
@@ -431,7 +434,7 @@ def main_units(tc, tmp_path, **flags) -> dict:
             super().__init__(*shape)
             agents.append(self)
 
-    def first_rollout(envs, policy, normalize, stack_obs, normalizer, next_obs, next_done, buf, noise, *_):
+    def first_rollout(envs, policy, normalize, numpy_act, normalizer, next_obs, next_done, buf, noise, *_):
         seen.update(policy=policy, normalize=normalize, normalizer=normalizer, next_obs=next_obs, noise=noise)
         raise FirstRollout
 
@@ -503,20 +506,20 @@ def test_host_copy_acts_as_the_learner_and_refresh_brings_the_updates(tc, tmp_pa
 
 
 @pytest.mark.parametrize("numpy_act", [False, True])
-def test_a_cuda_learner_acts_with_a_host_copy_that_refresh_actor_brings_up_to_date(tc, tmp_path, numpy_act):
-    """What `acting_unit` builds for a CUDA learner with --host-actor (the host path touches no CUDA, so a CPU learner
-    stands in): a policy step on a copy of its own, stale after updates until `refresh_actor`, and the normalizer's
-    statistics on the host."""
+def test_a_cuda_learner_acts_with_a_host_copy_that_refresh_brings_up_to_date(tc, tmp_path, numpy_act):
+    """What main builds for a CUDA learner with --host-actor, built as main builds it (the host path touches no CUDA,
+    so a CPU learner stands in): the steps on a copy of its own, stale after updates until `refresh`, and the
+    normalizer's statistics on the host."""
     u = main_units(tc, tmp_path, numpy_act=False)
     agent = u["agent"]
-    normalizer = tc.Normalizer(1, 17, GAMMA, "cpu")
-    normalize, policy, place_noise, _, refresh_actor = tc.acting_unit(
-        tc.Args(numpy_act=numpy_act), None, None, normalizer, agent, u["agent_inference"], torch.device("cuda")
-    )
-    assert normalizer.obs_rms.mean.device.type == "cpu"
+    acting = tc.host_copy(agent.actor_mean, torch.device("cpu"))
+    normalizer = tc.Normalizer(1, 17, GAMMA, torch.device("cpu"))
+    normalize, policy = host_steps(tc, acting, normalizer, numpy_act)
     rng = np.random.default_rng(0)
     obs = normalize(rng.normal(size=(1, 17)))
-    noise = place_noise(torch.from_numpy(rng.normal(size=(1, 1, 6)).astype(np.float32)))[0]
+    noise = torch.from_numpy(rng.normal(size=(1, 1, 6)).astype(np.float32))[0]
+    if numpy_act:
+        noise = noise.numpy()
 
     def learner_actions():
         with torch.no_grad():
@@ -529,7 +532,7 @@ def test_a_cuda_learner_acts_with_a_host_copy_that_refresh_actor_brings_up_to_da
     for _ in range(3):
         update(*batch, torch.randperm(256)[:64])
     assert np.abs(policy(obs, noise) - learner_actions()).max() > 1e-2  # the copy has storage of its own
-    refresh_actor()
+    tc.refresh(acting, agent.actor_mean)
     np.testing.assert_allclose(policy(obs, noise), learner_actions(), rtol=0, atol=1e-5)
 
 
@@ -539,7 +542,7 @@ def test_numpy_units_match_torch_and_follow_the_learner(tc, tmp_path):
     before and after updates that move them, because both read views of the tensors. Units over a copy taken once
     must fail (checked below). main() acts through them by default on a CPU."""
     u = main_units(tc, tmp_path)
-    assert isinstance(u["next_obs"], np.ndarray) and isinstance(u["noise"], np.ndarray)
+    assert isinstance(u["next_obs"], np.ndarray) and u["noise"].device.type == "cpu"  # the rollout takes a view
     agent = u["agent"]
     actor = u["agent_inference"].actor_mean
     torch_normalizer = tc.Normalizer(3, 17, GAMMA, "cpu")

@@ -7,6 +7,8 @@ ppo_continuous_action_seeds_torchcompile.py (HalfCheetah) over its first iterati
 the checkpoint it writes after it: MuJoCo turns a float difference in the weights into another trajectory within the
 next rollout (the base's compiled and eager runs part the same way)."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -197,20 +199,24 @@ def test_halfcheetah_members_act_alike_in_torch_and_in_numpy():
     agent, params = module.stack_members(args, 17, 6, torch.device("cpu"))
     inference = {name: p.detach() for name, p in params.items()}
     steps = []
+    actor = module.part(inference, "actor_mean")
     for numpy_act in (True, False):
-        args.numpy_act = numpy_act
         normalizer = module.Normalizer(args.num_seeds, args.num_envs, 17, 0.99, torch.device("cpu"))
-        normalize, policy, place_noise, stack_obs, _ = module.acting_unit(
-            args, None, None, normalizer, agent, inference, torch.device("cpu")
-        )
+        # the rollout's steps as main builds them on a CPU
+        if numpy_act:
+            normalize, policy = module.numpy_units(actor, normalizer)
+        else:
+            shape = (args.num_seeds, args.num_envs, -1)
+            normalize = functools.partial(module.torch_normalize, normalizer.obs, torch.device("cpu"), shape)
+            policy = functools.partial(module.torch_step, functools.partial(module.act, agent.actor_mean, actor))
         rng = np.random.default_rng(0)
-        noise = place_noise(
-            torch.randn(4, args.num_seeds, args.num_envs, 6, generator=torch.Generator().manual_seed(1))
-        )
+        noise = torch.randn(4, args.num_seeds, args.num_envs, 6, generator=torch.Generator().manual_seed(1))
+        if numpy_act:
+            noise = noise.numpy()
         out = []
         for step in range(4):
             obs = normalize(rng.normal(size=(args.num_seeds * args.num_envs, 17)) * (step + 1))
-            out.append((np.asarray(stack_obs([obs])[0]), policy(obs, noise[step])))
+            out.append((np.asarray(obs), policy(obs, noise[step])))
         steps.append(out)
     for (obs_np, act_np), (obs_torch, act_torch) in zip(*steps):
         np.testing.assert_allclose(obs_torch, obs_np, rtol=1e-6, atol=1e-6)
@@ -218,7 +224,7 @@ def test_halfcheetah_members_act_alike_in_torch_and_in_numpy():
         np.testing.assert_allclose(act_torch, act_np, rtol=1e-5, atol=1e-6)
 
 
-def test_the_torch_acting_unit_gives_one_action_per_env_in_a_row_as_numpy_does():
+def test_the_torch_policy_unit_gives_one_action_per_env_in_a_row_as_numpy_does():
     """The rollout stores a step's actions as one row of every member's envs, member after member. `act` is the unit
     that --compile/--cudagraphs wrap and a CUDA learner acts with (--no-host-actor), so it must return that row itself,
     as the numpy step does (a (num_seeds, num_envs) block cannot be stored there)."""
