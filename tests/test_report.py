@@ -188,7 +188,7 @@ def test_learning_report_on_synthetic_runs(tmp_path):
     assert lines[lines.index("## dqn_atari") + 2] == "Not run: needs a faster machine: 10M steps."
     commit = next(ln for ln in lines if ln.startswith("- commit: "))
     assert re.fullmatch(r"- commit: [0-9a-f]{7,} \((clean tree|with uncommitted changes)\), .*", commit), commit
-    assert "- machines: Test CPU (2 cores), GPU: none, torch 2.13.0+cpu" in lines
+    assert "- machine: Test CPU (2 cores), GPU: none, torch 2.13.0+cpu" in lines
     assert "- seeds: 1, 2" in lines
     assert "- steps per run: classic 500,000; sac 100,000" in lines
     assert "- time: 2.5 h, the sum of the runs' wall times (run.sh runs them one after another)" in lines  # 10 runs
