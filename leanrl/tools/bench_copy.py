@@ -10,7 +10,6 @@ the speed-up over ppo.py) goes to stdout and <out>/table.md.
 
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -18,9 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import torch
 import tyro
 
 LEANRL = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(LEANRL))  # plumbing.py, for the machine's name as the training scripts record it
+import plumbing  # noqa: E402
+
 PATCH = LEANRL.parent / "doc" / "copying" / "ppo_update.patch"
 
 
@@ -73,10 +76,10 @@ def main():
             found[name].append(fps(script, out / f"{k}" / str(seed), args, seed, *flags))
             print(f"seed {seed}: {name}: {found[name][-1]:.0f} fps", file=sys.stderr)
     base = statistics.median(found["ppo.py"])
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
+    cpu = plumbing.machine_info(torch.device("cpu"))["cpu"]
     lines = [
         f"CartPole-v1, {args.total_timesteps:,} steps a run, seeds {', '.join(map(str, args.seeds))}; "
-        f"{cpu or platform.processor()} ({os.cpu_count()} cores); each run's steady-state fps (summary.json).",
+        f"{cpu}, torch {torch.__version__}; each run's steady-state fps (summary.json).",
         "",
         "| configuration | fps (median) | each seed | vs ppo.py |",
         "|---|---:|---|---:|",
