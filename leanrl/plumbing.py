@@ -10,9 +10,10 @@
   checked last; the log dir claimed (`claim`) for the run's life.
 - `pick_device`: the learner's device; `--cudagraphs` without CUDA is dropped with one line.
 - `envpool_seed`: a derived env seed within envpool's int32.
-- `save_checkpoint` and `write_atomically` (a full disk leaves no partial file), `load_checkpoint` (`weights_only`,
-  refuses another script's file), `restore_rngs` (a checkpoint written on another device re-seeds the loop's
-  generators).
+- `Run.save` and `resume`: a run's parts (modules, optimizers, generators, envs, episodes, buffers, tensors) into its
+  checkpoint and back, one call each (`state_of`); `save_checkpoint` and `write_atomically` (a full disk leaves no
+  partial file), `load_checkpoint` (`weights_only`, refuses another script's file), `restore_rngs` (a checkpoint
+  written on another device re-seeds the loop's generators).
 - `Episodes`: the returns of finished episodes, from the raw rewards.
 - `Run`: metrics.jsonl, summary.json, wandb (`--track`), the progress bar, steady-state fps, Ctrl-C and SIGTERM, a
   diverged run (non-finite losses) stopped before it saves; in a seeds run a diverged member is reported, the others
@@ -500,11 +501,95 @@ CUDA_RNG_STATE_BYTES = 16
 CHECKPOINT_FORMAT = 3
 
 
-def save_checkpoint(path: str, script: str, args, **state):
-    """`state` with the writing script's name and flags, written atomically (`write_atomically`) and streamed into the
-    file: a checkpoint that holds a replay buffer (gigabytes for Atari) is not copied in memory first."""
-    checkpoint = dict(script=script, format=CHECKPOINT_FORMAT, args=asdict(args), **state)
+def save_checkpoint(path: str, script: str, args, **parts):
+    """Each of `parts` as `state_of` holds it, with the writing script's name and flags, written atomically
+    (`write_atomically`) and streamed into the file: a checkpoint that holds a replay buffer (gigabytes for Atari) is
+    not copied in memory first."""
+    checkpoint = dict(script=script, format=CHECKPOINT_FORMAT, args=asdict(args), **state_of(parts))
     write_atomically(path, lambda f: torch.save(checkpoint, f))
+
+
+def is_env(part, vector: bool) -> bool:
+    """A gymnasium env (`vector`: a vector env of them), whose state `env_state` takes."""
+    if "gymnasium" not in sys.modules:
+        return False
+    import gymnasium as gym
+
+    return isinstance(part, gym.vector.VectorEnv if vector else gym.Env)
+
+
+def state_of(part):
+    """What a checkpoint holds of one part of a run: a module's or an optimizer's `state_dict`, a generator's state
+    (torch's or numpy's), a gymnasium env's (`env_state`, each env of a vector env), an object's own `state()` (episode
+    returns, a replay buffer), a tensor or an array as a CPU tensor, a dict or list part by part; numbers as they
+    are."""
+    if isinstance(part, (torch.nn.Module, torch.optim.Optimizer)):
+        return part.state_dict()
+    if isinstance(part, torch.Generator):
+        return part.get_state()
+    if isinstance(part, np.random.Generator):
+        return part.bit_generator.state
+    if isinstance(part, torch.Tensor):
+        return part.detach().cpu()
+    if isinstance(part, np.ndarray):
+        return torch.from_numpy(part)
+    if is_env(part, vector=True):
+        return vector_env_state(part)
+    if is_env(part, vector=False):
+        return env_state(part)
+    if hasattr(part, "state") and callable(part.state):
+        return part.state()
+    if isinstance(part, dict) or hasattr(part, "items"):  # a dict, or a TensorDict of parameters
+        return {name: state_of(value) for name, value in part.items()}
+    if isinstance(part, (list, tuple)):
+        return [state_of(value) for value in part]
+    return part
+
+
+def resume(ckpt: dict, seed: int, **parts):
+    """`state_of`'s states in `ckpt` back into `parts`, each in place, by the same names: a module's and an
+    optimizer's (`load_optimizer`), the loop's generators (`restore_rngs`, re-seeded from `seed`; a list of them, a
+    seeds run's, one per member from `seed` on), numpy's, gymnasium envs (which have been reset once), episode
+    returns (whose episodes in flight go on only where the checkpoint holds the env, as `env`), replay buffers
+    (`load`), tensors and arrays (copied into). The loop's counters are the script's to read (`ckpt["global_step"]`)."""
+    env_saved = "env" in parts
+    for name, part in parts.items():
+        load_part(part, ckpt[name], seed, ckpt["global_step"], env_saved)
+
+
+def load_part(part, saved, seed: int, step: int, env_saved: bool):
+    """One part of `resume`."""
+    if isinstance(part, torch.optim.Optimizer):
+        load_optimizer(part, saved)
+    elif isinstance(part, torch.nn.Module):
+        part.load_state_dict(saved)
+    elif isinstance(part, torch.Generator):
+        restore_rngs([part], [saved], [seed], step)
+    elif isinstance(part, list) and part and isinstance(part[0], torch.Generator):
+        restore_rngs(part, saved, [seed + k for k in range(len(part))], step)
+    elif isinstance(part, np.random.Generator):
+        part.bit_generator.state = saved
+    elif isinstance(part, torch.Tensor):
+        with torch.no_grad():
+            part.copy_(saved)
+    elif isinstance(part, np.ndarray):
+        part[...] = saved.numpy()
+    elif is_env(part, vector=True):
+        set_vector_env_state(part, saved)
+    elif is_env(part, vector=False):
+        set_env_state(part, saved)
+    elif isinstance(part, (Episodes, MemberEpisodes)):
+        part.load(saved, restart=not env_saved)
+    elif hasattr(part, "load") and callable(part.load):
+        part.load(saved)
+    elif isinstance(part, dict) or hasattr(part, "items"):
+        for name, value in part.items():
+            load_part(value, saved[name], seed, step, env_saved)
+    elif isinstance(part, (list, tuple)):
+        for value, state in zip(part, saved):
+            load_part(value, state, seed, step, env_saved)
+    else:
+        raise TypeError(f"resume: cannot restore a {type(part).__name__} in place")
 
 
 # the files a run could not write (a full disk): its exit code is 1 (Run.finish)
@@ -759,7 +844,8 @@ class AtariEpisodes(Episodes):
             lengths=torch.tensor(list(self.lengths), dtype=torch.float64),
         )
 
-    def load(self, state: dict):
+    def load(self, state: dict, restart: bool = True):
+        """The state of `state()`; the games always restart (envpool cannot snapshot one)."""
         self.finished.extend(state["returns"].tolist())
         self.lengths.extend(state["lengths"].tolist())
 
@@ -943,8 +1029,7 @@ class Run:
                 run.log(global_step, steady=..., **row)
                 if run.stopping:
                     break
-        if args.save_model and run.consistent:
-            save_checkpoint(...)
+        run.save(global_step=global_step, agent=agent, ...)  # with --save-model, a consistent state only
         run.finish(global_step, final_return=episodes.mean())
 
     `lead=False` (a DDP rank other than 0) writes nothing and shows no bar; Ctrl-C still stops it. `compiling`
@@ -964,6 +1049,7 @@ class Run:
         self.script = script
         self.device = device
         self.lead = lead
+        self.start_step = start_step
         self.stop = StopFlag()
         self.consistent = True
         self.diverged = None  # the step and the losses that were not finite, once they were not (and which members)
@@ -1170,6 +1256,17 @@ class Run:
         UNWRITTEN.append(path)
         self.stop.set = True
         self.say(f"error: could not write {path} ({error.strerror or error}); the run stops at this step")
+
+    def save(self, earlier: Optional[dict] = None, members: Optional[dict] = None, **parts):
+        """The run's checkpoint with --save-model, `{log_dir}/agent.pt`: `parts` as `save_checkpoint` holds them,
+        written once the run has trained past the step it began at (`parts["global_step"]`) and holds a consistent
+        state (not after a second Ctrl-C or a divergence), by the lead process only. A seeds run gives its per-member
+        parts as `members` and the checkpoint it resumed from as `earlier` (`finite_members`)."""
+        if not (self.lead and self.args.save_model and self.consistent and parts["global_step"] > self.start_step):
+            return
+        if members is not None:
+            parts.update(self.finite_members(earlier, **state_of(members)))
+        save_checkpoint(os.path.join(self.args.log_dir, "agent.pt"), self.script, self.args, **parts)
 
     def compile_time(self) -> Optional[float]:
         """What compiling added to the first interval between log lines (the one that compiled), against a steady
