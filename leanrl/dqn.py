@@ -169,6 +169,15 @@ class ReplayBuffer:
     def sample(self, batch_size: int, generator=None) -> TensorDict:
         return self.data[torch.randint(len(self), (batch_size,), device=self.data.device, generator=generator)]
 
+    def state(self) -> dict:
+        """The rows and where the next one goes: the checkpoint's share."""
+        return dict(data=self.data.to_dict(), pos=self.pos, full=self.full)
+
+    def load(self, state: dict):
+        self.data.update(TensorDict(state["data"], batch_size=[self.size]).to(self.data.device))
+        self.pos = state["pos"]
+        self.full = state["full"]
+
 
 def main(args: Args):
     ckpt = check_args(args)
@@ -193,25 +202,24 @@ def main(args: Args):
         target_forward = torch.compile(target_network)
     rb = ReplayBuffer(args.buffer_size, n_obs, device)
     episodes = plumbing.Episodes(1)
-    global_step = 0
-    if ckpt:
-        q_network.load_state_dict(ckpt["q_network"])
-        target_network.load_state_dict(ckpt["target_network"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        rb.data.update(TensorDict(ckpt["buffer"], batch_size=[args.buffer_size]).to(device))
-        rb.pos = ckpt["buffer_pos"]
-        rb.full = ckpt["buffer_full"]
-        torch.set_rng_state(ckpt["torch_rng"])
-        rng.bit_generator.state = ckpt["np_rng"]
-        episodes.load(ckpt["episodes"])  # the env resumes too: the episode in flight goes on
-        global_step = ckpt["global_step"]
+    global_step = ckpt["global_step"] if ckpt else 0
     obs, _ = env.reset(seed=args.seed + global_step)
-    if ckpt:  # the env where the checkpoint left it: the resumed run goes on as if never stopped
-        plumbing.set_env_state(env, ckpt["env"])
-        obs = ckpt["obs"].numpy()
+    if ckpt:
+        plumbing.resume(
+            ckpt,
+            args.seed,
+            q_network=q_network,
+            target_network=target_network,
+            optimizer=optimizer,
+            buffer=rb,
+            torch_rng=torch.default_generator,
+            np_rng=rng,
+            episodes=episodes,  # the env resumes too: the episode in flight goes on
+            env=env,  # the env where the checkpoint left it: the resumed run goes on as if never stopped
+            obs=obs,
+        )
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
-    start_step = global_step
     first_update = None  # the first update's time: with --compile, the compilation
     compiling = args.compile
     losses = []
@@ -294,24 +302,18 @@ def main(args: Args):
             if run.stopping:
                 break
     env.close()
-    if args.save_model and run.consistent and global_step > start_step:
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            q_network=q_network.state_dict(),
-            target_network=target_network.state_dict(),
-            optimizer=optimizer.state_dict(),
-            buffer=rb.data.to_dict(),
-            buffer_pos=rb.pos,
-            buffer_full=rb.full,
-            global_step=global_step,
-            torch_rng=torch.get_rng_state(),
-            np_rng=rng.bit_generator.state,
-            episodes=episodes.state(),
-            env=plumbing.env_state(env),
-            obs=torch.from_numpy(obs),
-        )
+    run.save(
+        q_network=q_network,
+        target_network=target_network,
+        optimizer=optimizer,
+        buffer=rb,
+        global_step=global_step,
+        torch_rng=torch.default_generator,
+        np_rng=rng,
+        episodes=episodes,
+        env=env,
+        obs=obs,
+    )
     run.finish(global_step, episodes.mean(), compile_time=first_update if args.compile else None)
 
 

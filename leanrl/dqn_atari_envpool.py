@@ -291,13 +291,17 @@ def main(args: Args):
     episodes = plumbing.Episodes(1)
     global_step = 0
     if ckpt:
-        q_network.load_state_dict(ckpt["q_network"])
-        target_network.load_state_dict(ckpt["target_network"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        rng.bit_generator.state = ckpt["np_rng"]
-        episodes.load(ckpt["episodes"], restart=True)  # envpool cannot snapshot a game: the one in flight is lost
-        rb.load(ckpt["buffer"])
+        plumbing.resume(
+            ckpt,
+            args.seed,
+            q_network=q_network,
+            target_network=target_network,
+            optimizer=optimizer,
+            torch_rng=torch.default_generator,
+            np_rng=rng,
+            episodes=episodes,  # envpool cannot snapshot a game: the one in flight is lost
+            buffer=rb,
+        )
         global_step = ckpt["global_step"]
     obs, _ = env.reset()
 
@@ -377,20 +381,16 @@ def main(args: Args):
             if run.stopping:
                 break
     env.close()
-    if args.save_model and run.consistent and global_step > start_step:
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            q_network=q_network.state_dict(),
-            target_network=target_network.state_dict(),
-            optimizer=optimizer.state_dict(),
-            global_step=global_step,
-            torch_rng=torch.get_rng_state(),
-            np_rng=rng.bit_generator.state,
-            episodes=episodes.state(),
-            buffer=rb.state(obs[0, -1]),
-        )
+    run.save(
+        q_network=q_network,
+        target_network=target_network,
+        optimizer=optimizer,
+        global_step=global_step,
+        torch_rng=torch.default_generator,
+        np_rng=rng,
+        episodes=episodes,
+        buffer=lambda: rb.state(obs[0, -1]),  # built only if the checkpoint is written: a copy of the whole buffer
+    )
     run.finish(global_step, episodes.mean(), compile_time=first_update if args.compile else None)
 
 

@@ -386,12 +386,16 @@ def main(args: Args):
     episodes = plumbing.Episodes(1)
     global_step = 0
     if ckpt:
-        q_network.load_state_dict(ckpt["q_network"])
-        target_network.load_state_dict(ckpt["target_network"])
-        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
-        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
-        episodes.load(ckpt["episodes"], restart=True)  # envpool cannot snapshot a game: the one in flight is lost
-        rb.load(ckpt["buffer"])
+        plumbing.resume(
+            ckpt,
+            args.seed,
+            q_network=q_network,
+            target_network=target_network,
+            optimizer=optimizer,
+            rng=rng,
+            episodes=episodes,  # envpool cannot snapshot a game: the one in flight is lost
+            buffer=rb,
+        )
         global_step = ckpt["global_step"]
     obs, _ = env.reset()
 
@@ -473,19 +477,15 @@ def main(args: Args):
                 break
     torch.compiler.set_stance("default")
     env.close()
-    if args.save_model and run.consistent and global_step > start_step:
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            q_network=q_network.state_dict(),
-            target_network=target_network.state_dict(),
-            optimizer=optimizer.state_dict(),
-            global_step=global_step,
-            rng=rng.get_state(),
-            episodes=episodes.state(),
-            buffer=rb.state(obs[0, -1]),
-        )
+    run.save(
+        q_network=q_network,
+        target_network=target_network,
+        optimizer=optimizer,
+        global_step=global_step,
+        rng=rng,
+        episodes=episodes,
+        buffer=lambda: rb.state(obs[0, -1]),  # built only if the checkpoint is written: a copy of the whole buffer
+    )
     run.finish(
         global_step,
         episodes.mean(),

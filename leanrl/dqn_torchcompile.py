@@ -280,6 +280,18 @@ class ReplayBuffer:
         self.pos = (self.pos + n) % self.size
         self.n = 0
 
+    def state(self) -> dict:
+        """The rows (the staged ones flushed in first) and where the next one goes: the checkpoint's share."""
+        self.flush()
+        return dict(data=self.data.to_dict(), pos=self.pos, full=self.full)
+
+    def load(self, state: dict):
+        """A checkpoint's rows, copied into this buffer's own tensors: `update` is bound to them."""
+        for key, rows in state["data"].items():
+            self.fields[key].copy_(rows)
+        self.pos = state["pos"]
+        self.full = state["full"]
+
 
 def main(args: Args):
     ckpt = check_args(args)
@@ -321,26 +333,23 @@ def main(args: Args):
         target_update = CudaGraphModule(target_update)
 
     episodes = plumbing.Episodes(1)
-    global_step = 0
-    if ckpt:
-        q_network.load_state_dict(ckpt["q_network"])
-        target_network.load_state_dict(ckpt["target_network"])
-        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
-        # copied into the buffer's own tensors: `update` is bound to them (TensorDict.update would swap in new ones)
-        for key, rows in ckpt["buffer"].items():
-            rb.fields[key].copy_(rows)
-        rb.pos = ckpt["buffer_pos"]
-        rb.full = ckpt["buffer_full"]
-        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
-        episodes.load(ckpt["episodes"])  # the env resumes too: the episode in flight goes on
-        global_step = ckpt["global_step"]
+    global_step = ckpt["global_step"] if ckpt else 0
     obs, _ = env.reset(seed=args.seed + global_step)
-    if ckpt:  # the env where the checkpoint left it: the resumed run goes on as if never stopped
-        plumbing.set_env_state(env, ckpt["env"])
-        obs = ckpt["obs"].numpy()
+    if ckpt:
+        plumbing.resume(
+            ckpt,
+            args.seed,
+            q_network=q_network,
+            target_network=target_network,
+            optimizer=optimizer,
+            buffer=rb,
+            rng=rng,
+            episodes=episodes,  # the env resumes too: the episode in flight goes on
+            env=env,  # the env where the checkpoint left it: the resumed run goes on as if never stopped
+            obs=obs,
+        )
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
-    start_step = global_step
     clock = {}  # each unit's first call, timed: with --compile, its compilation
     compiling = args.compile
     stats = torch.zeros(args.log_every // args.train_frequency + 1, 2, device=device)
@@ -418,24 +427,17 @@ def main(args: Args):
                 break
     torch.compiler.set_stance("default")
     env.close()
-    if args.save_model and run.consistent and global_step > start_step:
-        rb.flush()
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            q_network=q_network.state_dict(),
-            target_network=target_network.state_dict(),
-            optimizer=optimizer.state_dict(),
-            buffer=rb.data.to_dict(),
-            buffer_pos=rb.pos,
-            buffer_full=rb.full,
-            global_step=global_step,
-            rng=rng.get_state(),
-            episodes=episodes.state(),
-            env=plumbing.env_state(env),
-            obs=torch.from_numpy(obs),
-        )
+    run.save(
+        q_network=q_network,
+        target_network=target_network,
+        optimizer=optimizer,
+        buffer=rb,
+        global_step=global_step,
+        rng=rng,
+        episodes=episodes,
+        env=env,
+        obs=obs,
+    )
     run.finish(
         global_step,
         episodes.mean(),

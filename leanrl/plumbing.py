@@ -498,7 +498,11 @@ CUDA_RNG_STATE_BYTES = 16
 
 # the layout of the checkpoints written through save_checkpoint (3: the replay buffers and the DQN env state); older
 # files are refused in one line, not a KeyError
-CHECKPOINT_FORMAT = 3
+CHECKPOINT_FORMAT = 4
+# format 3 held an Atari run's episode record at the checkpoint's top level ("returns" and "lengths", or a seeds run's
+# "members") and DQN's buffer position beside its rows ("buffer_pos", "buffer_full"); format 4 holds them under
+# "episodes" and "buffer", each a part of `resume`
+PARTS_AT_TOP = 3
 
 
 def save_checkpoint(path: str, script: str, args, **parts):
@@ -520,8 +524,9 @@ def is_env(part, vector: bool) -> bool:
 
 def state_of(part):
     """What a checkpoint holds of one part of a run: a module's or an optimizer's `state_dict`, a generator's state
-    (torch's or numpy's), a gymnasium env's (`env_state`, each env of a vector env), an object's own `state()` (episode
-    returns, a replay buffer), a tensor or an array as a CPU tensor, a dict or list part by part; numbers as they
+    (torch's or numpy's), a gymnasium env's (`env_state`, each env of a vector env), a script's own object's
+    `state_dict()` or `state()` (a normalizer, episode returns, a replay buffer), a tensor or an array as a CPU tensor,
+    a dict or list part by part, a function's result (called only when the checkpoint is written); numbers as they
     are."""
     if isinstance(part, (torch.nn.Module, torch.optim.Optimizer)):
         return part.state_dict()
@@ -537,12 +542,16 @@ def state_of(part):
         return vector_env_state(part)
     if is_env(part, vector=False):
         return env_state(part)
-    if hasattr(part, "state") and callable(part.state):
-        return part.state()
     if isinstance(part, dict) or hasattr(part, "items"):  # a dict, or a TensorDict of parameters
         return {name: state_of(value) for name, value in part.items()}
+    if hasattr(part, "state_dict"):  # a script's own stateful object (an observation normalizer)
+        return part.state_dict()
+    if hasattr(part, "state") and callable(part.state):
+        return part.state()
     if isinstance(part, (list, tuple)):
         return [state_of(value) for value in part]
+    if callable(part):  # a state built only when a checkpoint is written (a replay buffer's copy, gigabytes on a GPU)
+        return state_of(part())
     return part
 
 
@@ -580,11 +589,13 @@ def load_part(part, saved, seed: int, step: int, env_saved: bool):
         set_env_state(part, saved)
     elif isinstance(part, (Episodes, MemberEpisodes)):
         part.load(saved, restart=not env_saved)
-    elif hasattr(part, "load") and callable(part.load):
-        part.load(saved)
-    elif isinstance(part, dict) or hasattr(part, "items"):
+    elif isinstance(part, dict) or hasattr(part, "items"):  # before `load`: a TensorDict's own loads from disk
         for name, value in part.items():
             load_part(value, saved[name], seed, step, env_saved)
+    elif hasattr(part, "load_state_dict"):
+        part.load_state_dict(saved)
+    elif hasattr(part, "load") and callable(part.load):
+        part.load(saved)
     elif isinstance(part, (list, tuple)):
         for value, state in zip(part, saved):
             load_part(value, state, seed, step, env_saved)
@@ -660,6 +671,14 @@ def load_checkpoint(args, script: str, same: tuple = ("env_id",)) -> dict:
         fail(f"--resume {args.resume}: not a checkpoint this script wrote ({type(e).__name__})")
     if written_by != script:
         fail(f"--resume {args.resume} was written by {written_by}.py; resume it with that script")
+    if ckpt.get("format") == PARTS_AT_TOP:
+        for part in [ckpt, *ckpt.get("ranks", [])]:  # a DDP run's ranks held theirs each
+            keys = [key for key in ("returns", "lengths", "members") if key in part]
+            if keys:
+                part["episodes"] = {key: part.pop(key) for key in keys}
+        if "buffer_pos" in ckpt:
+            ckpt["buffer"] = dict(data=ckpt["buffer"], pos=ckpt.pop("buffer_pos"), full=ckpt.pop("buffer_full"))
+        ckpt["format"] = CHECKPOINT_FORMAT
     if ckpt.get("format") != CHECKPOINT_FORMAT:
         fail(f"--resume {args.resume} was written by an older version of {script}.py; start a new run")
     for name in same:

@@ -203,14 +203,18 @@ def main(args: Args):
     next_obs = torch.Tensor(next_obs).to(device)
     next_done = torch.zeros(args.num_envs).to(device)
     if ckpt:
-        agent.load_state_dict(ckpt["agent"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        rng.bit_generator.state = ckpt["np_rng"]
-        plumbing.set_vector_env_state(envs, ckpt["env"])
-        next_obs = ckpt["next_obs"].to(device)
-        next_done = ckpt["next_done"].to(device)
-        episodes.load(ckpt["episodes"])
+        plumbing.resume(
+            ckpt,
+            args.seed,
+            agent=agent,
+            optimizer=optimizer,
+            torch_rng=torch.default_generator,
+            np_rng=rng,
+            env=envs,
+            next_obs=next_obs,
+            next_done=next_done,
+            episodes=episodes,
+        )
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
 
@@ -345,22 +349,18 @@ def main(args: Args):
             if run.stopping:
                 break
     envs.close()
-    if args.save_model and run.consistent and iteration >= start_iteration:
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            agent=agent.state_dict(),
-            optimizer=optimizer.state_dict(),
-            iteration=iteration,
-            global_step=global_step,
-            torch_rng=torch.get_rng_state(),
-            np_rng=rng.bit_generator.state,
-            env=plumbing.vector_env_state(envs),
-            next_obs=next_obs.cpu(),
-            next_done=next_done.cpu(),
-            episodes=episodes.state(),
-        )
+    run.save(
+        iteration=iteration,
+        global_step=global_step,
+        agent=agent,
+        optimizer=optimizer,
+        torch_rng=torch.default_generator,
+        np_rng=rng,
+        env=envs,
+        next_obs=next_obs,
+        next_done=next_done,
+        episodes=episodes,
+    )
     run.finish(global_step, episodes.mean(), run.compile_time() if args.compile else None)
 
 

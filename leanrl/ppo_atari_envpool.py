@@ -202,11 +202,15 @@ def main(args: Args):
     global_step = 0
     start_iteration = 1
     if ckpt:
-        agent.load_state_dict(ckpt["agent"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        rng.bit_generator.state = ckpt["np_rng"]
-        episodes.load(ckpt)
+        plumbing.resume(
+            ckpt,
+            args.seed,
+            agent=agent,
+            optimizer=optimizer,
+            torch_rng=torch.default_generator,
+            np_rng=rng,
+            episodes=episodes,
+        )
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
     next_obs, _ = envs.reset()
@@ -346,19 +350,15 @@ def main(args: Args):
             if run.stopping:
                 break
     envs.close()
-    if args.save_model and run.consistent and iteration >= start_iteration:
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            agent=agent.state_dict(),
-            optimizer=optimizer.state_dict(),
-            iteration=iteration,
-            global_step=global_step,
-            torch_rng=torch.get_rng_state(),
-            np_rng=rng.bit_generator.state,
-            **episodes.state(),
-        )
+    run.save(
+        iteration=iteration,
+        global_step=global_step,
+        agent=agent,
+        optimizer=optimizer,
+        torch_rng=torch.default_generator,
+        np_rng=rng,
+        episodes=episodes,
+    )
     run.finish(global_step, episodes.mean(), run.compile_time() if args.compile else None)
 
 

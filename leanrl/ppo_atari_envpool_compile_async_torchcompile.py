@@ -494,10 +494,7 @@ def main(args: Args):
     global_step = 0
     start_iteration = 1
     if ckpt:
-        agent.load_state_dict(ckpt["agent"])
-        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
-        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
-        episodes.load(ckpt)
+        plumbing.resume(ckpt, args.seed, agent=agent, optimizer=optimizer, rng=rng, episodes=episodes)
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
     next_obs = torch.from_numpy(np.concatenate([envs.reset()[0] for _, envs in pools])).to(device)
@@ -588,18 +585,14 @@ def main(args: Args):
                 break
     for _, envs in pools:
         envs.close()
-    if args.save_model and run.consistent and iteration >= start_iteration:
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            agent=agent.state_dict(),
-            optimizer=optimizer.state_dict(),
-            iteration=iteration,
-            global_step=global_step,
-            rng=rng.get_state(),
-            **episodes.state(),
-        )
+    run.save(
+        iteration=iteration,
+        global_step=global_step,
+        agent=agent,
+        optimizer=optimizer,
+        rng=rng,
+        episodes=episodes,
+    )
     if not args.compile_async:
         compile_time = run.compile_time() if args.compile else None
     try:

@@ -536,11 +536,8 @@ def main(args: Args):
     global_step = 0
     start_iteration = 1
     if ckpt:
-        agent.load_state_dict(ckpt["agent"])
-        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
         ckpt.update(ckpt["ranks"][rank])  # this rank's own RNG and statistics
-        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed + rank], ckpt["global_step"])
-        episodes.load(ckpt)
+        plumbing.resume(ckpt, args.seed + rank, agent=agent, optimizer=optimizer, rng=rng, episodes=episodes)
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
     next_obs = torch.from_numpy(np.concatenate([envs.reset()[0] for _, envs in pools])).to(device)
@@ -628,19 +625,15 @@ def main(args: Args):
         envs.close()
     if args.save_model and run.consistent and iteration >= start_iteration:
         # the parameters and optimizer are the same everywhere; the RNG and episode statistics are each rank's own
-        ranks = dist_.all_gather_object(dict(rng=rng.get_state(), **episodes.state()))
-        if rank == 0:
-            plumbing.save_checkpoint(
-                f"{args.log_dir}/agent.pt",
-                SCRIPT,
-                args,
-                agent=agent.state_dict(),
-                optimizer=optimizer.state_dict(),
-                iteration=iteration,
-                global_step=global_step,
-                world_size=args.world_size,
-                ranks=ranks,
-            )
+        ranks = dist_.all_gather_object(plumbing.state_of(dict(rng=rng, episodes=episodes)))
+        run.save(
+            iteration=iteration,
+            global_step=global_step,
+            agent=agent,
+            optimizer=optimizer,
+            world_size=args.world_size,
+            ranks=ranks,
+        )
     digests = [params_digest(agent)]
     if run.consistent:  # after a forced stop the ranks may be anywhere: no further collective (rank 0's logs are kept)
         digests = dist_.all_gather_object(digests[0])

@@ -499,10 +499,7 @@ def main(args: Args):
     global_step = 0
     start_iteration = 1
     if ckpt:
-        agent.load_state_dict(ckpt["agent"])
-        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
-        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
-        episodes.load(ckpt)
+        plumbing.resume(ckpt, args.seed, agent=agent, optimizer=optimizer, rng=rng, episodes=episodes)
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
     next_obs = torch.from_numpy(np.concatenate([envs.reset()[0] for _, envs in pools])).to(device)
@@ -581,23 +578,19 @@ def main(args: Args):
                 break
     for _, envs in pools:
         envs.close()
-    if args.save_model and run.consistent and iteration >= start_iteration:
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            agent=agent.state_dict(),
-            optimizer=optimizer.state_dict(),
-            iteration=iteration,
-            global_step=global_step,
-            rng=rng.get_state(),
-            **episodes.state(),
-            pruning=dict(
-                step=pruner.current_step,
-                history=pruner.pruning_history(),
-                initial_channels=dict(pruner._scope_initial_channels),
-            ),
-        )
+    run.save(
+        iteration=iteration,
+        global_step=global_step,
+        agent=agent,
+        optimizer=optimizer,
+        rng=rng,
+        episodes=episodes,
+        pruning=dict(
+            step=pruner.current_step,
+            history=pruner.pruning_history(),
+            initial_channels=dict(pruner._scope_initial_channels),
+        ),
+    )
     size_after = model_size(agent, example)
     run.say(f"parameters {size_before['params']} -> {size_after['params']} after {pruner.current_step} pruning steps")
     sizes = (("before", size_before), ("after", size_after))

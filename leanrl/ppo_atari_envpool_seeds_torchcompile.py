@@ -494,11 +494,7 @@ def main(args: Args):
     global_step = 0
     start_iteration = 1
     if ckpt:
-        with torch.no_grad():
-            torch._foreach_copy_(list(params.values()), [ckpt["agent"][name] for name in params])
-        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
-        plumbing.restore_rngs(rngs, ckpt["rng"], seeds, ckpt["global_step"])
-        episodes.load(ckpt)
+        plumbing.resume(ckpt, args.seed, agent=params, optimizer=optimizer, rng=rngs, episodes=episodes)
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
     resets = [np.stack([envs.reset()[0] for envs in group]) for _, group in pools]  # [members, a pool's envs, ...]
@@ -572,20 +568,15 @@ def main(args: Args):
     for _, group in pools:
         for envs in group:
             envs.close()
-    if args.save_model and run.consistent and iteration >= start_iteration:
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            # a diverged member's parameters and Adam state: its last finite ones, from the resumed checkpoint
-            **run.finite_members(
-                ckpt, agent={name: p.detach() for name, p in params.items()}, optimizer=optimizer.state_dict()
-            ),
-            iteration=iteration,
-            global_step=global_step,
-            rng=[g.get_state() for g in rngs],
-            **episodes.state(),
-        )
+    run.save(
+        earlier=ckpt,
+        # a diverged member's parameters and Adam state: its last finite ones, from the resumed checkpoint
+        members=dict(agent=params, optimizer=optimizer),
+        iteration=iteration,
+        global_step=global_step,
+        rng=rngs,
+        episodes=episodes,
+    )
     run.finish(
         global_step,
         run.live_mean(episodes.means()),

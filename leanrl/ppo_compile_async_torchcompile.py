@@ -570,13 +570,17 @@ def main(args: Args):
     next_obs, _ = envs.reset(seed=args.seed)
     next_done = np.zeros(args.num_envs, dtype=bool)
     if ckpt:
-        agent.load_state_dict(ckpt["agent"])
-        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
-        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
-        plumbing.set_vector_env_state(envs, ckpt["env"])
-        next_obs = ckpt["next_obs"].numpy()
-        next_done = ckpt["next_done"].numpy()
-        episodes.load(ckpt["episodes"])
+        plumbing.resume(
+            ckpt,
+            args.seed,
+            agent=agent,
+            optimizer=optimizer,
+            rng=rng,
+            env=envs,
+            next_obs=next_obs,
+            next_done=next_done,
+            episodes=episodes,
+        )
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
 
@@ -682,21 +686,17 @@ def main(args: Args):
                 break
     torch.compiler.set_stance("default")
     envs.close()
-    if args.save_model and run.consistent and iteration >= start_iteration:
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            agent=agent.state_dict(),
-            optimizer=optimizer.state_dict(),
-            iteration=iteration,
-            global_step=global_step,
-            rng=rng.get_state(),
-            env=plumbing.vector_env_state(envs),
-            next_obs=torch.from_numpy(next_obs),
-            next_done=torch.from_numpy(next_done),
-            episodes=episodes.state(),
-        )
+    run.save(
+        iteration=iteration,
+        global_step=global_step,
+        agent=agent,
+        optimizer=optimizer,
+        rng=rng,
+        env=envs,
+        next_obs=next_obs,
+        next_done=next_done,
+        episodes=episodes,
+    )
     if not args.compile_async:
         compile_time = run.compile_time() if args.compile else None
     try:

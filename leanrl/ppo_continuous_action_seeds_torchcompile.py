@@ -670,12 +670,15 @@ def main(args: Args):
     global_step = 0
     start_iteration = 1
     if ckpt:
-        with torch.no_grad():
-            torch._foreach_copy_(list(params.values()), [ckpt["agent"][name] for name in params])
-        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
-        normalizer.load_state_dict(ckpt["normalizer"])
-        plumbing.restore_rngs(rngs, ckpt["rng"], seeds, ckpt["global_step"])
-        episodes.load(ckpt["episodes"], restart=True)  # the envs start new episodes
+        plumbing.resume(
+            ckpt,
+            args.seed,
+            agent=params,
+            optimizer=optimizer,
+            normalizer=normalizer,
+            rng=rngs,
+            episodes=episodes,  # the envs start new episodes
+        )
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
 
@@ -774,23 +777,15 @@ def main(args: Args):
     torch.compiler.set_stance("default")
     for envs in pools:
         envs.close()
-    if args.save_model and run.consistent and iteration >= start_iteration:
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            # a diverged member's parameters, Adam state and statistics: its last finite ones (the resumed checkpoint's)
-            **run.finite_members(
-                ckpt,
-                agent={name: p.detach() for name, p in params.items()},
-                optimizer=optimizer.state_dict(),
-                normalizer=normalizer.state_dict(),
-            ),
-            iteration=iteration,
-            global_step=global_step,
-            rng=[g.get_state() for g in rngs],
-            episodes=episodes.state(),
-        )
+    run.save(
+        # a diverged member's parameters, Adam state and statistics: its last finite ones (the resumed checkpoint's)
+        earlier=ckpt,
+        members=dict(agent=params, optimizer=optimizer, normalizer=normalizer),
+        iteration=iteration,
+        global_step=global_step,
+        rng=rngs,
+        episodes=episodes,
+    )
     run.finish(
         global_step,
         run.live_mean(episodes.means()),

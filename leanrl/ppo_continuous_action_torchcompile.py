@@ -554,11 +554,15 @@ def main(args: Args):
     global_step = 0
     start_iteration = 1
     if ckpt:
-        agent.load_state_dict(ckpt["agent"])
-        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
-        normalizer.load_state_dict(ckpt["normalizer"])
-        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
-        episodes.load(ckpt["episodes"], restart=True)  # the envs start new episodes
+        plumbing.resume(
+            ckpt,
+            args.seed,
+            agent=agent,
+            optimizer=optimizer,
+            normalizer=normalizer,
+            rng=rng,
+            episodes=episodes,  # the envs start new episodes
+        )
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
 
@@ -629,19 +633,15 @@ def main(args: Args):
                 break
     torch.compiler.set_stance("default")
     envs.close()
-    if args.save_model and run.consistent and iteration >= start_iteration:
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            agent=agent.state_dict(),
-            optimizer=optimizer.state_dict(),
-            normalizer=normalizer.state_dict(),
-            iteration=iteration,
-            global_step=global_step,
-            rng=rng.get_state(),
-            episodes=episodes.state(),
-        )
+    run.save(
+        agent=agent,
+        optimizer=optimizer,
+        normalizer=normalizer,
+        iteration=iteration,
+        global_step=global_step,
+        rng=rng,
+        episodes=episodes,
+    )
     run.finish(global_step, episodes.mean(), run.compile_time() if args.compile else None)
 
 

@@ -603,14 +603,18 @@ def main(args: Args):
     next_obs, _ = envs.reset(seed=args.seed + rank * args.num_envs)
     next_done = np.zeros(args.num_envs, dtype=bool)
     if ckpt:
-        agent.load_state_dict(ckpt["agent"])
-        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
         ckpt.update(ckpt["ranks"][rank])  # this rank's own envs, RNG and episodes
-        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed + rank], ckpt["global_step"])
-        plumbing.set_vector_env_state(envs, ckpt["env"])
-        next_obs = ckpt["next_obs"].numpy()
-        next_done = ckpt["next_done"].numpy()
-        episodes.load(ckpt["episodes"])
+        plumbing.resume(
+            ckpt,
+            args.seed + rank,
+            agent=agent,
+            optimizer=optimizer,
+            rng=rng,
+            env=envs,
+            next_obs=next_obs,
+            next_done=next_done,
+            episodes=episodes,
+        )
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
 
@@ -696,26 +700,16 @@ def main(args: Args):
     if args.save_model and run.consistent and iteration >= start_iteration:
         # the parameters and optimizer are the same everywhere; the envs, RNG and episodes are each rank's own
         ranks = dist_.all_gather_object(
-            dict(
-                rng=rng.get_state(),
-                env=plumbing.vector_env_state(envs),
-                next_obs=torch.from_numpy(next_obs),
-                next_done=torch.from_numpy(next_done),
-                episodes=episodes.state(),
-            )
+            plumbing.state_of(dict(rng=rng, env=envs, next_obs=next_obs, next_done=next_done, episodes=episodes))
         )
-        if rank == 0:
-            plumbing.save_checkpoint(
-                f"{args.log_dir}/agent.pt",
-                SCRIPT,
-                args,
-                agent=agent.state_dict(),
-                optimizer=optimizer.state_dict(),
-                iteration=iteration,
-                global_step=global_step,
-                world_size=args.world_size,
-                ranks=ranks,
-            )
+        run.save(
+            iteration=iteration,
+            global_step=global_step,
+            agent=agent,
+            optimizer=optimizer,
+            world_size=args.world_size,
+            ranks=ranks,
+        )
     digests = [params_digest(agent)]
     if run.consistent:  # after a forced stop the ranks may be anywhere: no further collective (rank 0's logs are kept)
         digests = dist_.all_gather_object(digests[0])

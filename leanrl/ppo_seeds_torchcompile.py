@@ -510,14 +510,17 @@ def main(args: Args):
     next_obs, _ = envs.reset(seed=[seed + i for seed in seeds for i in range(args.num_envs)])
     next_done = np.zeros(args.num_seeds * args.num_envs, dtype=bool)
     if ckpt:
-        with torch.no_grad():
-            torch._foreach_copy_(list(params.values()), [ckpt["agent"][name] for name in params])
-        plumbing.load_optimizer(optimizer, ckpt["optimizer"])
-        plumbing.restore_rngs(rngs, ckpt["rng"], seeds, ckpt["global_step"])
-        plumbing.set_vector_env_state(envs, ckpt["env"])
-        next_obs = ckpt["next_obs"].numpy()
-        next_done = ckpt["next_done"].numpy()
-        episodes.load(ckpt["episodes"])
+        plumbing.resume(
+            ckpt,
+            args.seed,
+            agent=params,
+            optimizer=optimizer,
+            rng=rngs,  # moved between devices, member k re-seeds from args.seed + k, as in `seeds`
+            env=envs,
+            next_obs=next_obs,
+            next_done=next_done,
+            episodes=episodes,
+        )
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
 
@@ -601,23 +604,18 @@ def main(args: Args):
                 break
     torch.compiler.set_stance("default")
     envs.close()
-    if args.save_model and run.consistent and iteration >= start_iteration:
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            # a diverged member's parameters and Adam state: its last finite ones, from the resumed checkpoint
-            **run.finite_members(
-                ckpt, agent={name: p.detach() for name, p in params.items()}, optimizer=optimizer.state_dict()
-            ),
-            iteration=iteration,
-            global_step=global_step,
-            rng=[g.get_state() for g in rngs],
-            env=plumbing.vector_env_state(envs),
-            next_obs=torch.from_numpy(next_obs),
-            next_done=torch.from_numpy(next_done),
-            episodes=episodes.state(),
-        )
+    run.save(
+        earlier=ckpt,
+        # a diverged member's parameters and Adam state: its last finite ones, from the resumed checkpoint
+        members=dict(agent=params, optimizer=optimizer),
+        iteration=iteration,
+        global_step=global_step,
+        rng=rngs,
+        env=envs,
+        next_obs=next_obs,
+        next_done=next_done,
+        episodes=episodes,
+    )
     run.finish(
         global_step,
         run.live_mean(episodes.means()),

@@ -253,24 +253,31 @@ def main(args: Args):
     # CleanRL starts autotuning at log_alpha = 0 (alpha 1); --alpha is the fixed alpha without --autotune
     log_alpha = torch.full((1,), 0.0 if args.autotune else float(np.log(args.alpha)), device=device, requires_grad=True)
     a_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr)
-    nets = dict(actor=actor, qf1=qf1, qf2=qf2, qf1_target=qf1_target, qf2_target=qf2_target)
-    optimizers = dict(q_optimizer=q_optimizer, actor_optimizer=actor_optimizer, a_optimizer=a_optimizer)
     if args.compile:
-        for net in nets.values():
+        for net in (actor, qf1, qf2, qf1_target, qf2_target):
             net.compile()
     episodes = plumbing.Episodes(1)
     rb = ReplayBuffer(args.buffer_size, n_obs, n_actions, device)
     if ckpt:
-        for name, obj in (nets | optimizers).items():
-            obj.load_state_dict(ckpt[name])
-        with torch.no_grad():
-            log_alpha.copy_(ckpt["log_alpha"])
-        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        np_rng.bit_generator.state = ckpt["np_rng"]
-        # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
-        episodes.load(ckpt["episodes"], restart=True)
-        rb.load(ckpt["buffer"])
+        plumbing.resume(
+            ckpt,
+            args.seed,
+            actor=actor,
+            qf1=qf1,
+            qf2=qf2,
+            qf1_target=qf1_target,
+            qf2_target=qf2_target,
+            q_optimizer=q_optimizer,
+            actor_optimizer=actor_optimizer,
+            a_optimizer=a_optimizer,
+            log_alpha=log_alpha,
+            rng=rng,
+            torch_rng=torch.default_generator,
+            np_rng=np_rng,
+            # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
+            episodes=episodes,
+            buffer=rb,
+        )
     alpha = log_alpha.exp().item()
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
@@ -378,20 +385,23 @@ def main(args: Args):
             if run.stopping:
                 break
     env.close()
-    if args.save_model and run.consistent:
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            global_step=global_step,
-            **{name: obj.state_dict() for name, obj in (nets | optimizers).items()},
-            log_alpha=log_alpha.detach().cpu(),
-            rng=rng.get_state(),
-            torch_rng=torch.get_rng_state(),
-            np_rng=np_rng.bit_generator.state,
-            episodes=episodes.state(),
-            buffer=rb.state(),
-        )
+    run.save(
+        global_step=global_step,
+        actor=actor,
+        qf1=qf1,
+        qf2=qf2,
+        qf1_target=qf1_target,
+        qf2_target=qf2_target,
+        q_optimizer=q_optimizer,
+        actor_optimizer=actor_optimizer,
+        a_optimizer=a_optimizer,
+        log_alpha=log_alpha,
+        rng=rng,
+        torch_rng=torch.default_generator,
+        np_rng=np_rng,
+        episodes=episodes,
+        buffer=rb,
+    )
     run.finish(global_step, episodes.mean())
 
 

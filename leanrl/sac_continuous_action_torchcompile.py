@@ -406,19 +406,22 @@ def main(args: Args):
     episodes = plumbing.Episodes(1)
     rb = ReplayBuffer(args.buffer_size, n_obs, n_actions, device)
     if ckpt:
-        actor.load_state_dict(ckpt["actor"])
-        plumbing.load_optimizer(q_optimizer, ckpt["q_optimizer"])
-        plumbing.load_optimizer(actor_optimizer, ckpt["actor_optimizer"])
-        plumbing.load_optimizer(a_optimizer, ckpt["a_optimizer"])
-        for name in q_params:
-            q_params[name].data.copy_(ckpt["q_params"][name])
-            q_target[name].copy_(ckpt["q_target"][name])
-        log_alpha.copy_(ckpt["log_alpha"])
-        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
-        np_rng.bit_generator.state = ckpt["np_rng"]
-        # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
-        episodes.load(ckpt["episodes"], restart=True)
-        rb.load(ckpt["buffer"])
+        plumbing.resume(
+            ckpt,
+            args.seed,
+            actor=actor,
+            q_params=q_params,
+            q_target=q_target,
+            q_optimizer=q_optimizer,
+            actor_optimizer=actor_optimizer,
+            a_optimizer=a_optimizer,
+            log_alpha=log_alpha,
+            rng=rng,
+            np_rng=np_rng,
+            # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
+            episodes=episodes,
+            buffer=rb,
+        )
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
     first_update = None
@@ -499,24 +502,20 @@ def main(args: Args):
             if run.stopping:
                 break
     env.close()
-    if args.save_model and run.consistent:
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            global_step=global_step,
-            actor=actor.state_dict(),
-            q_params={name: p.detach().cpu() for name, p in q_params.items()},
-            q_target={name: p.cpu() for name, p in q_target.items()},
-            q_optimizer=q_optimizer.state_dict(),
-            actor_optimizer=actor_optimizer.state_dict(),
-            a_optimizer=a_optimizer.state_dict(),
-            log_alpha=log_alpha.cpu(),
-            rng=rng.get_state(),
-            np_rng=np_rng.bit_generator.state,
-            episodes=episodes.state(),
-            buffer=rb.state(),
-        )
+    run.save(
+        global_step=global_step,
+        actor=actor,
+        q_params=q_params,
+        q_target=q_target,
+        q_optimizer=q_optimizer,
+        actor_optimizer=actor_optimizer,
+        a_optimizer=a_optimizer,
+        log_alpha=log_alpha,
+        rng=rng,
+        np_rng=np_rng,
+        episodes=episodes,
+        buffer=rb,
+    )
     run.finish(global_step, episodes.mean(), compile_time)
 
 

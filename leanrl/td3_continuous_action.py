@@ -228,22 +228,30 @@ def main(args: Args):
     qf2_target.load_state_dict(qf2.state_dict())
     q_optimizer = torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.learning_rate)
     actor_optimizer = torch.optim.Adam(list(actor.parameters()), lr=args.learning_rate)
-    nets = dict(actor=actor, qf1=qf1, qf2=qf2, target_actor=target_actor, qf1_target=qf1_target, qf2_target=qf2_target)
-    optimizers = dict(q_optimizer=q_optimizer, actor_optimizer=actor_optimizer)
     if args.compile:
-        for net in nets.values():
+        for net in (actor, qf1, qf2, target_actor, qf1_target, qf2_target):
             net.compile()
     episodes = plumbing.Episodes(1)
     rb = ReplayBuffer(args.buffer_size, n_obs, n_actions, device)
     if ckpt:
-        for name, obj in (nets | optimizers).items():
-            obj.load_state_dict(ckpt[name])
-        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        np_rng.bit_generator.state = ckpt["np_rng"]
-        # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
-        episodes.load(ckpt["episodes"], restart=True)
-        rb.load(ckpt["buffer"])
+        plumbing.resume(
+            ckpt,
+            args.seed,
+            actor=actor,
+            qf1=qf1,
+            qf2=qf2,
+            target_actor=target_actor,
+            qf1_target=qf1_target,
+            qf2_target=qf2_target,
+            q_optimizer=q_optimizer,
+            actor_optimizer=actor_optimizer,
+            rng=rng,
+            torch_rng=torch.default_generator,
+            np_rng=np_rng,
+            # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
+            episodes=episodes,
+            buffer=rb,
+        )
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
     first_update = None
@@ -339,19 +347,22 @@ def main(args: Args):
             if run.stopping:
                 break
     env.close()
-    if args.save_model and run.consistent:
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            global_step=global_step,
-            **{name: obj.state_dict() for name, obj in (nets | optimizers).items()},
-            rng=rng.get_state(),
-            torch_rng=torch.get_rng_state(),
-            np_rng=np_rng.bit_generator.state,
-            episodes=episodes.state(),
-            buffer=rb.state(),
-        )
+    run.save(
+        global_step=global_step,
+        actor=actor,
+        qf1=qf1,
+        qf2=qf2,
+        target_actor=target_actor,
+        qf1_target=qf1_target,
+        qf2_target=qf2_target,
+        q_optimizer=q_optimizer,
+        actor_optimizer=actor_optimizer,
+        rng=rng,
+        torch_rng=torch.default_generator,
+        np_rng=np_rng,
+        episodes=episodes,
+        buffer=rb,
+    )
     run.finish(global_step, episodes.mean())
 
 

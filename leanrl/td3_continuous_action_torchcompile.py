@@ -340,7 +340,8 @@ def main(args: Args):
     actor_inference = Actor(n_obs, n_actions, low, high).to(device)
     target_actor = Actor(n_obs, n_actions, low, high).to(device)
     from_module(actor).data.to_module(actor_inference, preserve_module_state=False)
-    target_actor.load_state_dict(actor.state_dict())
+    for param, target_param in zip(actor.parameters(), target_actor.parameters()):  # the target starts as the actor
+        target_param.data.copy_(param.data)
     target_actor.requires_grad_(False)
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: compiled code reads it, CUDA graphs on the device
     q_optimizer = make_optimizer(list(q_params.values()), lr, device.type == "cuda")
@@ -365,18 +366,21 @@ def main(args: Args):
     episodes = plumbing.Episodes(1)
     rb = ReplayBuffer(args.buffer_size, n_obs, n_actions, device)
     if ckpt:
-        actor.load_state_dict(ckpt["actor"])
-        target_actor.load_state_dict(ckpt["target_actor"])
-        plumbing.load_optimizer(q_optimizer, ckpt["q_optimizer"])
-        plumbing.load_optimizer(actor_optimizer, ckpt["actor_optimizer"])
-        for name in q_params:
-            q_params[name].data.copy_(ckpt["q_params"][name])
-            q_target[name].copy_(ckpt["q_target"][name])
-        plumbing.restore_rngs([rng], [ckpt["rng"]], [args.seed], ckpt["global_step"])
-        np_rng.bit_generator.state = ckpt["np_rng"]
-        # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
-        episodes.load(ckpt["episodes"], restart=True)
-        rb.load(ckpt["buffer"])
+        plumbing.resume(
+            ckpt,
+            args.seed,
+            actor=actor,
+            target_actor=target_actor,
+            q_params=q_params,
+            q_target=q_target,
+            q_optimizer=q_optimizer,
+            actor_optimizer=actor_optimizer,
+            rng=rng,
+            np_rng=np_rng,
+            # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
+            episodes=episodes,
+            buffer=rb,
+        )
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
     first_update = None
@@ -452,23 +456,19 @@ def main(args: Args):
             if run.stopping:
                 break
     env.close()
-    if args.save_model and run.consistent:
-        plumbing.save_checkpoint(
-            f"{args.log_dir}/agent.pt",
-            SCRIPT,
-            args,
-            global_step=global_step,
-            actor=actor.state_dict(),
-            target_actor=target_actor.state_dict(),
-            q_params={name: p.detach().cpu() for name, p in q_params.items()},
-            q_target={name: p.cpu() for name, p in q_target.items()},
-            q_optimizer=q_optimizer.state_dict(),
-            actor_optimizer=actor_optimizer.state_dict(),
-            rng=rng.get_state(),
-            np_rng=np_rng.bit_generator.state,
-            episodes=episodes.state(),
-            buffer=rb.state(),
-        )
+    run.save(
+        global_step=global_step,
+        actor=actor,
+        target_actor=target_actor,
+        q_params=q_params,
+        q_target=q_target,
+        q_optimizer=q_optimizer,
+        actor_optimizer=actor_optimizer,
+        rng=rng,
+        np_rng=np_rng,
+        episodes=episodes,
+        buffer=rb,
+    )
     run.finish(global_step, episodes.mean(), compile_time)
 
 

@@ -322,7 +322,7 @@ def test_resume_samples_the_checkpointed_buffer(name, tmp_path, monkeypatch):
     flags = [*TINY[2:], "--save-model"]
     run_in_process(module, monkeypatch, "--total-timesteps", "600", *flags, "--log-dir", str(tmp_path / "first"))
     held = torch.load(tmp_path / "first" / "agent.pt", weights_only=True)
-    assert held["buffer_pos"] == 600 and not held["buffer_full"]
+    assert held["buffer"]["pos"] == 600 and not held["buffer"]["full"]
     sampled = []  # the buffer each update after the resume samples from, as it was then
     if name == "dqn":
         sample = module.ReplayBuffer.sample
@@ -348,16 +348,16 @@ def test_resume_samples_the_checkpointed_buffer(name, tmp_path, monkeypatch):
     )
     assert len(sampled) == 2  # the updates at steps 600 and 610 (every 10 steps), each after its step's transition
     saved = torch.load(resumed / "agent.pt", weights_only=True)
-    assert saved["buffer_pos"] == 620
-    for buffer in (*sampled, saved["buffer"]):
-        for key, rows in held["buffer"].items():
+    assert saved["buffer"]["pos"] == 620
+    for buffer in (*sampled, saved["buffer"]["data"]):
+        for key, rows in held["buffer"]["data"].items():
             torch.testing.assert_close(buffer[key][:600], rows[:600], msg=f"{key}: not the checkpoint's rows")
-    new = {key: rows[600:620] for key, rows in saved["buffer"].items()}
+    new = {key: rows[600:620] for key, rows in saved["buffer"]["data"].items()}
     assert (new["obs"].abs().sum(1) > 0).all(), "a zero row where the resumed run acted"
     within = new["dones"][:-1] == 0  # the resumed episode starts at step 600: no truncation (500 steps) in 20
     torch.testing.assert_close(new["next_obs"][:-1][within], new["obs"][1:][within])
     for n, buffer in zip((601, 611), sampled):  # the rows written before each update
-        for key, rows in saved["buffer"].items():
+        for key, rows in saved["buffer"]["data"].items():
             torch.testing.assert_close(buffer[key][600:n], rows[600:n], msg=f"sampled {key}: not the saved rows")
 
 

@@ -181,6 +181,64 @@ def test_checkpoints_round_trip_and_refuse_what_is_not_theirs(tmp_path, capsys):
     assert "not a checkpoint this script wrote" in line
 
 
+def atari_episodes(seed: int) -> "plumbing.AtariEpisodes":
+    """An Atari episode record with a few finished games in it."""
+    episodes = plumbing.AtariEpisodes(2)
+    rng = np.random.default_rng(seed)
+    episodes.finished.extend(rng.integers(0, 400, 5).tolist())
+    episodes.lengths.extend(rng.integers(100, 9000, 5).tolist())
+    return episodes
+
+
+def test_an_atari_checkpoint_of_format_3_resumes(tmp_path):
+    """Format 3 held an Atari run's episode record at the checkpoint's top level ("returns", "lengths"; a DDP run's in
+    each rank's part; a seeds run's as "members"), format 4 under "episodes" (one part of `resume`): a file written
+    before resumes as the same checkpoint written now does."""
+    single, ranks = atari_episodes(1), [atari_episodes(2), atari_episodes(3)]
+    members = plumbing.MemberAtariEpisodes(2, 2)
+    members.members[1].finished.extend([3.0, 7.0])
+    now = dict(global_step=64, episodes=single.state())
+    path = tmp_path / "now.pt"
+    plumbing.save_checkpoint(str(path), "script_a", Args(), global_step=64, episodes=single)
+    old = dict(script="script_a", format=3, args={}, global_step=64)
+    written = {
+        "single": dict(old, **single.state()),
+        "ddp": dict(old, ranks=[dict(rng=torch.zeros(3), **e.state()) for e in ranks]),
+        "seeds": dict(old, **members.state()),
+    }
+    for name, ckpt in written.items():
+        torch.save(ckpt, tmp_path / f"{name}.pt")
+    loaded = {name: plumbing.load_checkpoint(Args(resume=str(tmp_path / f"{name}.pt")), "script_a") for name in written}
+    assert loaded["single"]["episodes"].keys() == now["episodes"].keys()
+
+    resumed = plumbing.AtariEpisodes(2)
+    plumbing.resume(loaded["single"], 1, episodes=resumed)
+    assert list(resumed.finished) == list(single.finished) and list(resumed.lengths) == list(single.lengths)
+    from_now = plumbing.AtariEpisodes(2)
+    plumbing.resume(plumbing.load_checkpoint(Args(resume=str(path)), "script_a"), 1, episodes=from_now)
+    assert list(from_now.finished) == list(single.finished)
+    for rank, episodes in enumerate(ranks):
+        ckpt = dict(loaded["ddp"], **loaded["ddp"]["ranks"][rank])
+        resumed = plumbing.AtariEpisodes(2)
+        plumbing.resume(ckpt, 1, episodes=resumed)
+        assert list(resumed.finished) == list(episodes.finished) and list(resumed.lengths) == list(episodes.lengths)
+    resumed = plumbing.MemberAtariEpisodes(2, 2)
+    plumbing.resume(loaded["seeds"], 1, episodes=resumed)
+    assert list(resumed.members[1].finished) == [3.0, 7.0] and not resumed.members[0].finished
+
+
+def test_a_dqn_checkpoint_of_format_3_resumes(tmp_path):
+    """Format 3 held DQN's buffer position beside its rows ("buffer", "buffer_pos", "buffer_full"), format 4 the three
+    under "buffer", which the script's ReplayBuffer loads: a file written before reads as one written now."""
+    rows = dict(obs=torch.arange(8.0).view(4, 2), dones=torch.tensor([0.0, 1.0, 0.0, 0.0]))
+    old = dict(script="script_a", format=3, args={}, global_step=3, buffer=rows, buffer_pos=3, buffer_full=False)
+    torch.save(old, tmp_path / "old.pt")
+    ckpt = plumbing.load_checkpoint(Args(resume=str(tmp_path / "old.pt")), "script_a")
+    assert ckpt["buffer"]["pos"] == 3 and ckpt["buffer"]["full"] is False and "buffer_pos" not in ckpt
+    for key, value in rows.items():
+        assert torch.equal(ckpt["buffer"]["data"][key], value)
+
+
 def reference_returns(rewards: np.ndarray, dones: np.ndarray, window: int) -> list:
     """Episode returns from a (steps, envs) record, env by env, in the order the episodes end."""
     ended, running = [], np.zeros(rewards.shape[1])
