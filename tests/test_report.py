@@ -648,3 +648,24 @@ def test_cleanrl_runs_outlast_the_machine_they_ran_on(tmp_path, report_module, m
     assert "| 490.0 ± 7.1 (n=2) | 1: 495.0, 2: 485.0 | 490.04 ± 6.12 | within | 1: 0.7 min at 5,000 steps," in text
     assert "## dqn: CartPole-v1 (by an earlier page)\n\nkept\n" in text
     assert (out / "cleanrl_runs/classic/01-baseline/1/summary.json").exists()
+
+
+def test_the_record_of_a_run_is_written_the_same_in_every_process():
+    """The record's rows (doc/cleanrl_runs/) took their key order from a set, which Python orders by a per-process hash
+    seed: each report rewrote every recorded metrics.jsonl with its keys shuffled, a diff of thousands of lines."""
+    code = (
+        "import json, sys; sys.path[:0] = ['leanrl', 'leanrl/tools']; import report; "
+        "print(json.dumps(report.slim(dict(time=1.5, episodic_return=2.5, global_step=3, fps=9.0))))"
+    )
+    written = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env=dict(os.environ, PYTHONHASHSEED=str(seed)),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+        for seed in range(4)
+    }
+    assert len(written) == 1 and "fps" not in next(iter(written)), written

@@ -178,7 +178,7 @@ RECORD = "cleanrl_runs"  # --cleanrl's record of its runs, beside the page
 
 def slim(row: dict) -> dict:
     """What the pages read of a metrics row: the step, the wall time, the return and each member's return."""
-    kept = {key: row[key] for key in ROW_KEYS}
+    kept = {key: row[key] for key in sorted(ROW_KEYS)}  # a set's order changes from process to process
     if "members" in row:
         kept["members"] = [{"episodic_return": member["episodic_return"]} for member in row["members"]]
     return kept
