@@ -496,8 +496,8 @@ def envpool_seed(seed: int) -> int:
 # torch's CUDA generator state: its seed and offset (a CPU generator's is its 5,056-byte Mersenne Twister)
 CUDA_RNG_STATE_BYTES = 16
 
-# the layout of the checkpoints written through save_checkpoint (3: the replay buffers and the DQN env state); older
-# files are refused in one line, not a KeyError
+# the layout of the checkpoints written through save_checkpoint (4: every part of a run under its own name, for
+# `resume`); format 3 is read as format 4 (`load_checkpoint`), older files are refused in one line, not a KeyError
 CHECKPOINT_FORMAT = 4
 # format 3 held an Atari run's episode record at the checkpoint's top level ("returns" and "lengths", or a seeds run's
 # "members") and DQN's buffer position beside its rows ("buffer_pos", "buffer_full"); format 4 holds them under
@@ -587,7 +587,7 @@ def load_part(part, saved, seed: int, step: int, env_saved: bool):
         set_vector_env_state(part, saved)
     elif is_env(part, vector=False):
         set_env_state(part, saved)
-    elif isinstance(part, (Episodes, MemberEpisodes)):
+    elif type(part) in (Episodes, MemberEpisodes):  # Atari's restart their games always: envpool cannot save one
         part.load(saved, restart=not env_saved)
     elif isinstance(part, dict) or hasattr(part, "items"):  # before `load`: a TensorDict's own loads from disk
         for name, value in part.items():
@@ -863,8 +863,7 @@ class AtariEpisodes(Episodes):
             lengths=torch.tensor(list(self.lengths), dtype=torch.float64),
         )
 
-    def load(self, state: dict, restart: bool = True):
-        """The state of `state()`; the games always restart (envpool cannot snapshot one)."""
+    def load(self, state: dict):
         self.finished.extend(state["returns"].tolist())
         self.lengths.extend(state["lengths"].tolist())
 
