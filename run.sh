@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The sweep behind doc/fps_table.md: every training script with its flag combinations, seeds interleaved so that
 # drift on the machine hits all configurations alike, then the table and the plots (leanrl/tools/report.py).
+# CartPole's and HalfCheetah's seeds scripts train 4 agents (seeds s to s + 3) in one program per sweep seed.
 #   bash run.sh                  # all families: classic, atari, mujoco, sac, td3, dqn, dqn_atari
 #   bash run.sh classic atari    # some of them
 # Budgets (steps per run): CLASSIC_STEPS (default 200000), ATARI_STEPS (10240), MUJOCO_STEPS (20480): the whole
@@ -147,8 +148,9 @@ run() {  # run family config seed command...: one run, unless it finished before
   "$@" --seed "$seed" --log-dir "$dir" $(budget "$family") "${keep[@]}"
 }
 
-family() {  # family baseline torchcompile [quantized pruned ddp compile_async seeds]: one family per seed (the last two: LEARN=1)
+family() {  # family baseline torchcompile [quantized pruned ddp compile_async seeds]: one family per seed (compile_async: LEARN=1)
   local f=$1 base=leanrl/$2 tc=leanrl/$3 quant=${4:+leanrl/$4} pruned=${5:+leanrl/$5} ddp=${6:+leanrl/$6} seed
+  local seeds=${8:+leanrl/$8}
   if [ "$LEARN" = 1 ]; then
     learn_family "$@"
     return
@@ -176,6 +178,9 @@ family() {  # family baseline torchcompile [quantized pruned ddp compile_async s
     if [ -n "$ddp" ] && [ "$CORES" -ge 2 ]; then
       run "$f" 08-ddp2 "$seed" python -m torch.distributed.run --standalone --nproc-per-node 2 "$ddp" $COMPILE
     fi
+    # the seeds script: the agents of seeds seed to seed + 3 in one program (fps counts all their steps); Breakout has
+    # none here, its seeds script being slower than single runs on a CPU (doc/seeds.md)
+    if [ -n "$seeds" ]; then run "$f" 11-compile-4-seeds "$seed" python "$seeds" $COMPILE --num-seeds 4; fi
     # the PPO families' ceiling: their envs stepped with random actions and no policy (leanrl/tools/bench_env.py)
     case $f in classic|atari|mujoco) run "$f" 09-env-alone "$seed" python leanrl/tools/bench_env.py --family "$f" ;; esac
   done

@@ -381,6 +381,20 @@ def test_run_sh_default_sweep_unchanged(tmp_path):
     assert_user_error(bad, "different sweeps")
 
 
+def test_run_sh_default_sweep_runs_the_seeds_programs(tmp_path):
+    """DRY=1: the fps sweep runs CartPole's and HalfCheetah's seeds scripts, 4 agents with --compile per sweep seed, at
+    the family's budget; Breakout's keeps to single runs (its seeds script is slower than them on a CPU, doc/seeds.md)."""
+    runs, _ = dry_run(tmp_path, "classic", "mujoco", "atari", SEEDS="21 31")
+    for family, script in (("classic", "ppo_seeds_torchcompile.py"), ("mujoco", "ppo_continuous_action_seeds_torchcompile.py")):
+        commands = runs[f"{family}/11-compile-4-seeds"]
+        assert [flag(c, "--seed") for c in commands] == ["21", "31"], commands
+        for command in commands:
+            assert command.startswith(f"python leanrl/{script} --compile"), command
+            assert flag(command, "--num-seeds") == "4", command
+            assert flag(command, "--total-timesteps") == flag(runs[f"{family}/01-baseline"][0], "--total-timesteps")
+    assert not [key for key in runs if key.startswith("atari/") and key.endswith("-seeds")]
+
+
 def test_report_bad_input(tmp_path):
     assert_user_error(report(tmp_path / "missing", tmp_path / "doc"), "not a folder")
     assert_user_error(report(tmp_path, tmp_path / "doc"), "no finished runs")
@@ -608,6 +622,29 @@ def test_fastest_column_compares_the_same_agent(tmp_path):
     assert proc.returncode == 0, proc.stderr
     row = next(ln for ln in (tmp_path / "doc/fps_table.md").read_text().splitlines() if ln.startswith("| classic"))
     assert row.endswith("| 3.00x (`compile`), 30% of `env-alone`; `pruned` (a smaller network) 4.00x |"), row
+
+
+def test_a_seeds_program_counts_all_its_agents_steps_and_stands_apart(tmp_path):
+    """The sweep's seeds configuration trains 4 agents in one program: its fps is the steps of all of them per second
+    (summary.json's fps_all_seeds; its fps is one member's), and it trains several agents, not the baseline's one
+    faster, so the fastest column shows it apart, as `pruned` is (issue 52)."""
+    runs = tmp_path / "runs"
+    fake_run(runs / "classic/01-baseline/1", "CartPole-v1", 1000, 100, 10.0)
+    fake_run(runs / "classic/03-compile/1", "CartPole-v1", 1000, 300, 10.0)
+    program = runs / "classic/11-compile-4-seeds/1"
+    fake_run(program, "CartPole-v1", 1000, 150, 10.0)
+    summary = json.loads((program / "summary.json").read_text())
+    members = [{"seed": 1 + k, "final_return": 10.0 + k} for k in range(4)]
+    summary.update(members=members, num_seeds=4, fps_all_seeds=600)
+    (program / "summary.json").write_text(json.dumps(summary))
+    rows = [dict(ROW, global_step=1000, episodic_return=11.5, members=[{"episodic_return": 10.0 + k} for k in range(4)])]
+    (program / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = report(runs, tmp_path / "doc")
+    assert proc.returncode == 0, proc.stderr
+    row = next(ln for ln in (tmp_path / "doc/fps_table.md").read_text().splitlines() if ln.startswith("| classic"))
+    assert row == (
+        "| classic (CartPole-v1, 1,000) | 100 | 300 | 600 | 3.00x (`compile`); `compile-4-seeds` (all its agents' steps) 6.00x |"
+    ), row
 
 
 def test_cleanrl_page_keeps_its_hand_written_notes(tmp_path, report_module, monkeypatch, capsys):

@@ -102,7 +102,9 @@ class Config:
 
     @property
     def fps(self) -> list:
-        return [s["fps"] for s, _ in self.runs if s["fps"]]
+        """Each run's fps; a seeds program's counts the steps of all its agents (its `fps` is one member's)."""
+        fps = [s.get("fps_all_seeds") if "members" in s else s["fps"] for s, _ in self.runs]
+        return [f for f in fps if f]
 
     @property
     def median_fps(self):
@@ -210,6 +212,16 @@ def is_env_alone(config: str) -> bool:
     return column_name(config) == "env-alone"
 
 
+def apart(config: str):
+    """Why a configuration trains another agent than the baseline's, or several (no contender for the fastest column,
+    shown apart); None for a contender."""
+    if column_name(config) == "pruned":
+        return "a smaller network"
+    if column_name(config).endswith("-seeds"):
+        return "all its agents' steps"
+    return None
+
+
 def fmt(x, spec=",.0f"):
     return "-" if x is None else format(x, spec)
 
@@ -220,7 +232,7 @@ def first_summary(configs: dict) -> dict:
 
 def headline(data: dict, columns: list) -> list:
     """LeanRL's table: one row per family, the median fps of each configuration, the best speed-up of those that
-    train the baseline's agent, and `pruned`'s apart."""
+    train the baseline's agent, and those of `pruned` and the seeds program apart."""
     head = ["family (env, steps per run)"] + [f"`{column_name(c)}`" for c in columns] + ["fastest vs baseline"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for family, configs in data.items():
@@ -229,15 +241,13 @@ def headline(data: dict, columns: list) -> list:
         for column in columns:
             c = configs.get(column)
             cells.append("not run" if c is None else f"skipped: {c.skipped}" if c.skipped else fmt(c.median_fps))
-        # the contenders train the baseline's agent: the env alone is the ceiling, `pruned` a smaller network
+        # the contenders train the baseline's agent: the env alone is the ceiling, `pruned` a smaller network, a seeds
+        # program several agents at once
         measured = {
             name: c.median_fps
             for name, c in configs.items()
-            if c.median_fps and not is_env_alone(name) and column_name(name) != "pruned"
+            if c.median_fps and not is_env_alone(name) and not apart(name)
         }
-        pruned = next(
-            (c.median_fps for name, c in configs.items() if column_name(name) == "pruned" and c.median_fps), None
-        )
         first = next(iter(configs))  # the family's first configuration: 01-baseline, or teacher's 10-large-alone
         base = measured.get(first)
         best = max(measured, key=measured.get, default=None)
@@ -246,7 +256,11 @@ def headline(data: dict, columns: list) -> list:
         cells.append(
             (f"{measured[best] / base:.2f}x (`{column_name(best)}`){versus}" if base and best else "-")
             + (f", {measured[best] / ceiling:.0%} of `env-alone`" if best and ceiling else "")
-            + (f"; `pruned` (a smaller network) {pruned / base:.2f}x" if base and pruned else "")
+            + "".join(
+                f"; `{column_name(name)}` ({apart(name)}) {c.median_fps / base:.2f}x"
+                for name, c in configs.items()
+                if apart(name) and base and c.median_fps
+            )
         )
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -412,7 +426,11 @@ def fps_report(args: Args, data: dict):
         "",
         "fps: environment steps per second over whole iterations after burn-in (off-policy families: after "
         "learning_starts plus the burn-in), median over seeds. "
-        "`not run`: the sweep had no such configuration for that family.",
+        "`not run`: the sweep had no such configuration for that family. "
+        "A seeds program (`compile-4-seeds`: the family's seeds script training the agents of seeds s to s + 3 in one "
+        "process, with --compile) counts the steps of all its agents. "
+        "The last column: the fastest configuration that trains the baseline's agent; `pruned` (a smaller network) and "
+        "the seeds program (4 agents) apart.",
         "",
     ]
     lines += headline(data, columns) + ["", "![fps](fps.png)", "", "## Final return (mean ± std over seeds)", ""]
