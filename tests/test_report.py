@@ -647,6 +647,23 @@ def test_a_seeds_program_counts_all_its_agents_steps_and_stands_apart(tmp_path):
     ), row
 
 
+def test_fps_page_keeps_its_hand_written_notes(tmp_path, report_module):
+    """What is written by hand below the mark on fps_table.md (an A/B of two commits that explains a moved figure)
+    survives the next sweep's report, as the learning pages' notes do."""
+    runs = tmp_path / "runs"
+    fake_run(runs / "classic/01-baseline/1", "CartPole-v1", 1000, 100, 10.0)
+    assert report(runs, tmp_path / "doc").returncode == 0
+    page = tmp_path / "doc/fps_table.md"
+    page.write_text(page.read_text() + "\nthe old commit ran as fast on this machine\n")
+    fake_run(runs / "classic/03-compile/1", "CartPole-v1", 1000, 300, 10.0)
+    proc = report(runs, tmp_path / "doc")
+    assert proc.returncode == 0, proc.stderr
+    text = page.read_text()
+    assert "| `compile` | 1 | 300 (300-300) |" in text
+    assert text.count(report_module.NOTES_MARK) == 1
+    assert text.endswith("\nthe old commit ran as fast on this machine\n")
+
+
 def test_cleanrl_page_keeps_its_hand_written_notes(tmp_path, report_module, monkeypatch, capsys):
     """What is written by hand below the mark (why a family is outside, where runs stand) survives the next
     `CLEANRL=1` report, as learning.md's notes do."""

@@ -440,7 +440,7 @@ def fps_report(args: Args, data: dict):
         env_id = first_summary(configs)["env_id"]
         lines += [f"## {family}: {env_id}", ""] + detail(env_id, configs)
         lines += ["", f"![{family} returns]({plot_returns(family, configs, args.out)})", ""]
-    (args.out / "fps_table.md").write_text("\n".join(lines))
+    write_keeping_notes(args.out / "fps_table.md", lines)
     print(f"wrote {args.out / 'fps_table.md'}, {args.out / 'fps.png'} and the returns plots")
 
 
