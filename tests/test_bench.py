@@ -3,6 +3,7 @@ eval_compressed.py (post-training compression of a trained agent) and bench_env.
 the tables' numbers are not checked, their structure, the compressed agents' actions and the sizes are."""
 
 import importlib
+import importlib.util
 import io
 import json
 import re
@@ -346,3 +347,22 @@ def test_bench_idiom_swaps_in_units_that_compute_the_scripts_own(tmp_path, famil
         losses[idiom] = [[v for k, v in r.items() if "loss" in k] for r in rows]
     assert any(v is not None for row in losses["functional"] for v in row)
     assert losses["leanrl"] == losses["functional"]
+
+
+def test_mujoco_versions_sees_no_drift_between_one_simulator_and_itself():
+    """mujoco_versions.py's drift: two copies of envpool's HalfCheetah from one seed agree exactly at every step
+    (identical simulators, identical actions), and two seeds apart they differ from the first step."""
+    mv = importlib.import_module("mujoco_versions")
+    first_a, step_a, action_dim = mv.envpool_sim("HalfCheetah-v4", 1)
+    first_b, step_b, _ = mv.envpool_sim("HalfCheetah-v4", 1)
+    assert action_dim == 6 and np.array_equal(first_a, first_b)
+    assert mv.drift(step_a, step_b, 50, action_dim, seed=1) == [(0.0, 0.0)] * 50
+    _, step_c, _ = mv.envpool_sim("HalfCheetah-v4", 2)
+    assert mv.drift(step_a, step_c, 1, action_dim, seed=1)[0][0] > 0
+
+
+def test_mujoco_versions_without_mujoco_says_so():
+    """leanrl's requirements leave gymnasium's MuJoCo out: the tool says in one line what to install."""
+    if importlib.util.find_spec("mujoco") is not None:
+        pytest.skip("mujoco is installed here")
+    assert_user_error(run_tool("mujoco_versions.py", "--steps", "5"), "mujoco package")
