@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 
 import envpool
+import gymnasium as gym
 import numpy as np
 import tyro
 
@@ -28,7 +29,7 @@ class Args:
     seed: int = 1
     """seed of envpool's first state and of the random actions"""
     nudge: float = 1e-15
-    """how far apart the control starts (added to the first joint position)"""
+    """how far apart the control starts (added to the first position the observation holds)"""
     env_id: str = "HalfCheetah-v4"
     """the MuJoCo task (its envpool and gymnasium ids are the same)"""
 
@@ -47,9 +48,7 @@ def envpool_sim(env_id: str, seed: int):
 
 def gymnasium_sim(env_id: str, first_obs: np.ndarray, nudge: float = 0.0):
     """gymnasium's simulator put in the state that `first_obs` shows (x position 0, which the observation leaves out
-    and the dynamics do not depend on), the first joint position moved by `nudge`: a step function of one action."""
-    import gymnasium as gym
-
+    and the dynamics do not depend on), the first observed position moved by `nudge`: a step function of one action."""
     env = gym.make(env_id)
     env.reset(seed=0)
     sim = env.unwrapped
