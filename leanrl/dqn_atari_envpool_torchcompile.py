@@ -9,8 +9,8 @@ holds it:
 - `update`, `adam_step`: the frame stacks rebuilt on the device (`stacks`), gradients from torch.func.grad and
   torch.optim's functional Adam, so that compiled, the whole TD step is one graph (loss.backward() and
   optimizer.step() would each break it); lr is a tensor.
-- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs);
-  once all have compiled the guards are skipped.
+- `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs).
+  Their guards are checked at every call: skipping them saves next to nothing here (doc/compile.md).
 
     python leanrl/dqn_atari_envpool_torchcompile.py --compile               # CPU or GPU (the buffer takes 7.1 GB)
     python leanrl/dqn_atari_envpool_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the units
@@ -215,9 +215,12 @@ def adam_step(optimizer, params: list, grads: list):
     gradients from torch.func.grad, a compiled update is one graph. On Breakout the convolutions take the time: LeanRL's
     loss.backward() and optimizer.step() measured within the runs' spread of it (doc/compile.md)."""
     state = [optimizer.state[p] for p in params]
-    # the lr is the param group's, the tensor the loop anneals in place: CleanRL's float assignment works too, but
-    # compiled code re-traces at each new value and a CUDA graph replays the one it captured
+    # the lr is the param group's, the tensor the loop anneals in place. CleanRL's float assignment works on a CPU
+    # (compiled code re-traces once, at the first new value, then takes every value); on CUDA it is refused: a CUDA
+    # graph would replay the float it captured
     group = optimizer.param_groups[0]
+    if group["capturable"] and not torch.is_tensor(group["lr"]):
+        raise TypeError("on CUDA the lr must stay the optimizer's tensor, annealed in place: lr.fill_(lrnow)")
     with torch.no_grad():
         adam(
             params,
@@ -465,8 +468,6 @@ def main(args: Args):
                 compiled=len(clock) == 3 if args.compile else None,
             )
             if compiling and len(clock) == 3:
-                # every unit has compiled and nothing its guards check can change any more: stop checking them
-                torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
                 run.compiled()
                 compiling = False
             t_env = 0.0
@@ -475,7 +476,6 @@ def main(args: Args):
             n_updates = 0
             if run.stopping:
                 break
-    torch.compiler.set_stance("default")
     env.close()
     run.save(
         q_network=q_network,

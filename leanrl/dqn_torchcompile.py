@@ -10,7 +10,7 @@ arithmetic, so each trick removes machinery; each is in the function that holds 
   so that compiled, the whole TD step is one graph (loss.backward() and optimizer.step() would each break it); lr is
   a tensor.
 - `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs);
-  once all have compiled the guards are skipped.
+  the update's guards are checked on the first update after each log line and skipped on the rest.
 
     python leanrl/dqn_torchcompile.py --compile               # CPU or GPU
     python leanrl/dqn_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the three units
@@ -199,9 +199,12 @@ def adam_step(optimizer, params: list, grads: list):
     gradients from torch.func.grad, a compiled update is one graph. DQN's CartPole runs 1.70x as fast as with LeanRL's
     loss.backward() and optimizer.step() compiled (the sweep's budget, a 2-core CPU: doc/compile.md)."""
     state = [optimizer.state[p] for p in params]
-    # the lr is the param group's, the tensor the loop anneals in place: CleanRL's float assignment works too, but
-    # compiled code re-traces at each new value and a CUDA graph replays the one it captured
+    # the lr is the param group's, the tensor the loop anneals in place. CleanRL's float assignment works on a CPU
+    # (compiled code re-traces once, at the first new value, then takes every value); on CUDA it is refused: a CUDA
+    # graph would replay the float it captured
     group = optimizer.param_groups[0]
+    if group["capturable"] and not torch.is_tensor(group["lr"]):
+        raise TypeError("on CUDA the lr must stay the optimizer's tensor, annealed in place: lr.fill_(lrnow)")
     with torch.no_grad():
         adam(
             params,
@@ -386,7 +389,10 @@ def main(args: Args):
                 if global_step % args.train_frequency == 0:
                     rb.flush()
                     inds = torch.randint(len(rb), (args.batch_size,), generator=rng, device=device)
-                    stats[n_updates] = td_update(inds)
+                    # the first update after a log line checks the compiled code's guards, and so sees every number
+                    # the loop changed (within --log-every steps); the rest skip them (doc/compile.md: what it saves)
+                    with torch.compiler.set_stance(skip_guard_eval_unsafe=n_updates > 0):
+                        stats[n_updates] = td_update(inds)
                     n_updates += 1
                     if "update" not in clock:
                         clock["update"] = time.perf_counter() - t0
@@ -415,8 +421,6 @@ def main(args: Args):
                 compiled=len(clock) == 3 if args.compile else None,
             )
             if compiling and len(clock) == 3:
-                # every unit has compiled and nothing its guards check can change any more: stop checking them
-                torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
                 run.compiled()
                 compiling = False
             t_env = 0.0
@@ -425,7 +429,6 @@ def main(args: Args):
             n_updates = 0
             if run.stopping:
                 break
-    torch.compiler.set_stance("default")
     env.close()
     run.save(
         q_network=q_network,

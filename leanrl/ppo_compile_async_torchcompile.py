@@ -15,8 +15,8 @@ The algorithm, network and defaults of ppo.py (CleanRL's). Its tricks, each in t
   clipping and the Adam step are one graph (loss.backward() and optimizer.step() would each break it).
 - `gae`: the recursion over numpy rows: as fast as compiled torch ops, with nothing to compile.
 - `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs),
-  as in LeanRL's file; lr is a tensor changed in place (no recompilation); once all has compiled the guards are
-  skipped.
+  as in LeanRL's file; lr is a tensor changed in place (no recompilation); the update's guards are checked on an
+  iteration's first minibatch and skipped on the rest, so a number the loop changes is never frozen.
 
 The one trick of this script, `--compile-async` (it pays when a run is short against a cold-cache compile;
 doc/compile.md shows that a warm Inductor cache makes the compile cost nearly nothing, and plain --compile fastest):
@@ -374,9 +374,12 @@ def adam_step(optimizer, params: list, grads: list):
     gradients from torch.func.grad, a compiled update is one graph. CartPole runs 1.48x as fast as with LeanRL's
     loss.backward() and optimizer.step() compiled (the sweep's budget, a 2-core CPU: doc/compile.md)."""
     state = [optimizer.state[p] for p in params]
-    # the lr is the param group's, the tensor the loop anneals in place: CleanRL's float assignment works too, but
-    # compiled code re-traces at each new value and a CUDA graph replays the one it captured
+    # the lr is the param group's, the tensor the loop anneals in place. CleanRL's float assignment works on a CPU
+    # (compiled code re-traces once, at the first new value, then takes every value); on CUDA it is refused: a CUDA
+    # graph would replay the float it captured
     group = optimizer.param_groups[0]
+    if group["capturable"] and not torch.is_tensor(group["lr"]):
+        raise TypeError("on CUDA the lr must stay the optimizer's tensor, annealed in place: lr.fill_(lrnow)")
     with torch.no_grad():
         adam(
             params,
@@ -522,8 +525,8 @@ def main(args: Args):
     numpy_act = args.numpy_act and act_device.type == "cpu"
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs (CUDA only:
-    # plumbing.pick_device has turned it off, with one line, where no CUDA device is in use). Once the first iteration
-    # has compiled them, the loop stops checking their guards (set_stance).
+    # plumbing.pick_device has turned it off, with one line, where no CUDA device is in use). The minibatch loop checks
+    # the update's guards once an iteration (set_stance).
     policy = functools.partial(act, acting)
     evaluate = agent_inference.forward
     get_value = agent_inference.get_value
@@ -655,7 +658,10 @@ def main(args: Args):
             for _epoch in range(args.update_epochs):
                 perm = torch.randperm(args.batch_size, device=device, generator=rng).view(args.num_minibatches, -1)
                 for inds in perm:
-                    stats[n] = update_minibatch(*batch, inds)
+                    # the iteration's first update checks the compiled code's guards, and so sees every number the loop
+                    # changed (a float lr, a schedule); the rest skip them (doc/compile.md: what it saves)
+                    with torch.compiler.set_stance(skip_guard_eval_unsafe=n > 0):
+                        stats[n] = update_minibatch(*batch, inds)
                     n += 1
                 if args.target_kl is not None and stats[n - 1, 0] > args.target_kl:  # a host sync, only when asked
                     break
@@ -677,14 +683,10 @@ def main(args: Args):
                 **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"), losses)),
             )
             if iteration == compiled_from:
-                # every unit has compiled and nothing its guards check can change any more: stop checking them
-                # (~40 us of a ~330 us update, ~10 us of a policy step)
-                torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
                 run.compiled()
                 time_to_compiled = time.perf_counter() - run.start
             if run.stopping:
                 break
-    torch.compiler.set_stance("default")
     envs.close()
     run.save(
         iteration=iteration,

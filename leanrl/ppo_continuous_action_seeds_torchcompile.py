@@ -33,8 +33,8 @@ the base's tricks remove machinery. Each in the function that holds it (doc/cont
   compiled, forward, backward, clipping and the Adam step are one graph (loss.backward() and optimizer.step() would
   each break it).
 - `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs),
-  as in LeanRL's file; lr is a tensor changed in place (no recompilation); once all has compiled the guards are
-  skipped.
+  as in LeanRL's file; lr is a tensor changed in place (no recompilation); the update's guards are checked on an
+  iteration's first minibatch and skipped on the rest, so a number the loop changes is never frozen.
 
     python leanrl/ppo_continuous_action_seeds_torchcompile.py --compile --num-seeds 4               # CPU or GPU
     python leanrl/ppo_continuous_action_seeds_torchcompile.py --compile --cudagraphs --num-seeds 64  # GPU
@@ -628,8 +628,8 @@ def main(args: Args):
     numpy_act = args.numpy_act and act_device.type == "cpu"
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs (CUDA only:
-    # plumbing.pick_device has turned it off, with one line, where no CUDA device is in use). Once the first iteration
-    # has compiled them, the loop stops checking their guards (set_stance).
+    # plumbing.pick_device has turned it off, with one line, where no CUDA device is in use). The minibatch loop checks
+    # the update's guards once an iteration (set_stance).
     normalize = normalizer.obs
     policy = functools.partial(act, agent.actor_mean, acting)
     evaluate = functools.partial(members_call, agent, inference, dim=1)  # the rollout: (num_steps, num_seeds, ...)
@@ -746,7 +746,10 @@ def main(args: Args):
                     ]
                 )
                 for inds in perm.unbind(1):
-                    stats[n] = update_minibatch(*batch, inds)
+                    # the iteration's first update checks the compiled code's guards, and so sees every number the loop
+                    # changed (a float lr, a schedule); the rest skip them (doc/compile.md: what it saves)
+                    with torch.compiler.set_stance(skip_guard_eval_unsafe=n > 0):
+                        stats[n] = update_minibatch(*batch, inds)
                     n += 1
             t_update = time.perf_counter() - t0
 
@@ -769,12 +772,9 @@ def main(args: Args):
                 members=members,  # the top-level return, lr and losses: the means of the members still training
             )
             if args.compile and iteration == start_iteration:
-                # every unit has compiled and nothing its guards check can change any more: stop checking them
-                torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
                 run.compiled()
             if run.stopping:
                 break
-    torch.compiler.set_stance("default")
     for envs in pools:
         envs.close()
     run.save(

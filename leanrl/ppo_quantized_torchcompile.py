@@ -29,8 +29,8 @@ The algorithm, network and defaults of ppo.py (CleanRL's). The base's tricks, ea
   clipping and the Adam step are one graph (loss.backward() and optimizer.step() would each break it).
 - `gae`: the recursion over numpy rows: as fast as compiled torch ops, with nothing to compile.
 - `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs),
-  as in LeanRL's file; lr is a tensor changed in place (no recompilation); once all has compiled the guards are
-  skipped.
+  as in LeanRL's file; lr is a tensor changed in place (no recompilation); the update's guards are checked on an
+  iteration's first minibatch and skipped on the rest, so a number the loop changes is never frozen.
 
     python leanrl/ppo_quantized_torchcompile.py --compile                                      # CPU or GPU
     python leanrl/ppo_quantized_torchcompile.py --compile --hidden-dim 512 --hidden-depth 4 --quant-async
@@ -358,7 +358,9 @@ def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf,
         obs[step] = next_obs
         dones[step] = next_done
         t0 = time.perf_counter()
-        actions[step] = policy(next_obs, gumbel[step])
+        # the int8 policy is compiled: the rollout's first step checks its guards, the rest skip them (doc/compile.md)
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=step > 0):
+            actions[step] = policy(next_obs, gumbel[step])
         t1 = time.perf_counter()
         next_obs, reward, terminations, truncations, _ = envs.step(actions[step])
         t_env += time.perf_counter() - t1
@@ -442,9 +444,12 @@ def adam_step(optimizer, params: list, grads: list):
     gradients from torch.func.grad, a compiled update is one graph. CartPole runs 1.48x as fast as with LeanRL's
     loss.backward() and optimizer.step() compiled (the sweep's budget, a 2-core CPU: doc/compile.md)."""
     state = [optimizer.state[p] for p in params]
-    # the lr is the param group's, the tensor the loop anneals in place: CleanRL's float assignment works too, but
-    # compiled code re-traces at each new value and a CUDA graph replays the one it captured
+    # the lr is the param group's, the tensor the loop anneals in place. CleanRL's float assignment works on a CPU
+    # (compiled code re-traces once, at the first new value, then takes every value); on CUDA it is refused: a CUDA
+    # graph would replay the float it captured
     group = optimizer.param_groups[0]
+    if group["capturable"] and not torch.is_tensor(group["lr"]):
+        raise TypeError("on CUDA the lr must stay the optimizer's tensor, annealed in place: lr.fill_(lrnow)")
     with torch.no_grad():
         adam(
             params,
@@ -503,8 +508,8 @@ def main(args: Args):
     numpy_act = args.numpy_act and act_device.type == "cpu"
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs (CUDA only:
-    # plumbing.pick_device has turned it off, with one line, where no CUDA device is in use). Once the first iteration
-    # has compiled them, the loop stops checking their guards (set_stance).
+    # plumbing.pick_device has turned it off, with one line, where no CUDA device is in use). The minibatch loop checks
+    # the update's guards once an iteration (set_stance).
     # the base's fp32 step: here the latency baseline of the summary
     policy = functools.partial(act, acting)
     quant_policy = act  # the int8 steps take the acting copy as an argument: a rebuilt copy is not a new function
@@ -607,7 +612,10 @@ def main(args: Args):
             for _epoch in range(args.update_epochs):
                 perm = torch.randperm(args.batch_size, device=device, generator=rng).view(args.num_minibatches, -1)
                 for inds in perm:
-                    stats[n] = update_minibatch(*batch, inds)
+                    # the iteration's first update checks the compiled code's guards, and so sees every number the loop
+                    # changed (a float lr, a schedule); the rest skip them (doc/compile.md: what it saves)
+                    with torch.compiler.set_stance(skip_guard_eval_unsafe=n > 0):
+                        stats[n] = update_minibatch(*batch, inds)
                     n += 1
                 if args.target_kl is not None and stats[n - 1, 0] > args.target_kl:  # a host sync, only when asked
                     break
@@ -630,13 +638,9 @@ def main(args: Args):
                 **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"), losses)),
             )
             if args.compile and iteration == start_iteration:
-                # every unit has compiled and nothing its guards check can change any more: stop checking them
-                # (~40 us of a ~330 us update, ~10 us of a policy step)
-                torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
                 run.compiled()
             if run.stopping:
                 break
-    torch.compiler.set_stance("default")
     requant.close()
     envs.close()
     run.save(
@@ -656,9 +660,8 @@ def main(args: Args):
         refresh(acting, agent.actor)
     gumbel = -torch.empty(args.num_envs, n_actions, device=device).exponential_().log().to(act_device)
     int8_policy = functools.partial(torch_step, functools.partial(quant_policy, requant.current), act_device)
-    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=args.compile):  # as in the loop
-        latency_fp32 = forward_latency(policy, next_obs, gumbel.numpy() if numpy_act else gumbel)
-        latency_quant = forward_latency(int8_policy, next_obs, gumbel)
+    latency_fp32 = forward_latency(policy, next_obs, gumbel.numpy() if numpy_act else gumbel)
+    latency_quant = forward_latency(int8_policy, next_obs, gumbel)
     quant = dict(
         quant_method=QUANT_METHOD,
         quant_every=args.quant_every,

@@ -29,8 +29,8 @@ The base's tricks, each in the function that holds it (doc/classic_control.md me
   clipping and the Adam step are one graph (loss.backward() and optimizer.step() would each break it).
 - `gae`: the recursion over numpy rows: as fast as compiled torch ops, with nothing to compile.
 - `main`, the block after "The units": the units compiled (--compile) and captured in CUDA graphs (--cudagraphs),
-  as in LeanRL's file; lr is a tensor changed in place (no recompilation); once all has compiled the guards are
-  skipped.
+  as in LeanRL's file; lr is a tensor changed in place (no recompilation); the update's guards are checked on an
+  iteration's first minibatch and skipped on the rest, so a number the loop changes is never frozen.
 
     python leanrl/ppo_teacher_student_torchcompile.py --compile               # CPU or GPU
     python leanrl/ppo_teacher_student_torchcompile.py --compile --cudagraphs  # GPU: CUDA graphs around the units
@@ -394,9 +394,12 @@ def adam_step(optimizer, params: list, grads: list):
     gradients from torch.func.grad, a compiled update is one graph. CartPole runs 1.48x as fast as with LeanRL's
     loss.backward() and optimizer.step() compiled (the sweep's budget, a 2-core CPU: doc/compile.md)."""
     state = [optimizer.state[p] for p in params]
-    # the lr is the param group's, the tensor the loop anneals in place: CleanRL's float assignment works too, but
-    # compiled code re-traces at each new value and a CUDA graph replays the one it captured
+    # the lr is the param group's, the tensor the loop anneals in place. CleanRL's float assignment works on a CPU
+    # (compiled code re-traces once, at the first new value, then takes every value); on CUDA it is refused: a CUDA
+    # graph would replay the float it captured
     group = optimizer.param_groups[0]
+    if group["capturable"] and not torch.is_tensor(group["lr"]):
+        raise TypeError("on CUDA the lr must stay the optimizer's tensor, annealed in place: lr.fill_(lrnow)")
     with torch.no_grad():
         adam(
             params,
@@ -466,8 +469,8 @@ def main(args: Args):
     numpy_act = args.numpy_act and act_device.type == "cpu"
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs (CUDA only:
-    # plumbing.pick_device has turned it off, with one line, where no CUDA device is in use). Once the first iteration
-    # has compiled them, the loop stops checking their guards (set_stance).
+    # plumbing.pick_device has turned it off, with one line, where no CUDA device is in use). The minibatch loop checks
+    # the update's guards once an iteration (set_stance).
     policy = functools.partial(act, acting)
     evaluate = agent_inference.forward
     get_value = agent_inference.get_value
@@ -577,7 +580,10 @@ def main(args: Args):
             for _epoch in range(args.update_epochs):
                 perm = torch.randperm(args.batch_size, device=device, generator=rng).view(args.num_minibatches, -1)
                 for inds in perm:
-                    stats[n] = update_minibatch(*batch, inds)
+                    # the iteration's first update checks the compiled code's guards, and so sees every number the loop
+                    # changed (a float lr, a schedule); the rest skip them (doc/compile.md: what it saves)
+                    with torch.compiler.set_stance(skip_guard_eval_unsafe=n > 0):
+                        stats[n] = update_minibatch(*batch, inds)
                     minibatches.append(inds)
                     n += 1
                 if args.target_kl is not None and stats[n - 1, 0] > args.target_kl:  # a host sync, only when asked
@@ -593,10 +599,11 @@ def main(args: Args):
                 for x in (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, teacher_values)
             ]
             for m, inds in enumerate(minibatches):
-                teacher_stats[m] = update_teacher(*teacher_data, inds)
+                with torch.compiler.set_stance(skip_guard_eval_unsafe=m > 0):  # as the student's update
+                    teacher_stats[m] = update_teacher(*teacher_data, inds)
             t_teacher = time.perf_counter() - t0
 
-            # measured at the first iteration too: every unit compiles before the guards are skipped
+            # measured at the first iteration too, so that every unit compiles there
             teacher_return = None
             t0 = time.perf_counter()
             if iteration in (start_iteration, args.num_iterations) or iteration % args.eval_every == 0:
@@ -626,13 +633,9 @@ def main(args: Args):
                 **dict(zip(TEACHER_STATS, teacher_losses)),
             )
             if args.compile and iteration == start_iteration:
-                # every unit has compiled and nothing its guards check can change any more: stop checking them
-                # (~40 us of a ~330 us update, ~10 us of a policy step)
-                torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
                 run.compiled()
             if run.stopping:
                 break
-    torch.compiler.set_stance("default")
     envs.close()
     eval_envs.close()
     run.save(

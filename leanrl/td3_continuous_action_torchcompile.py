@@ -231,9 +231,12 @@ def adam_step(optimizer, params: list, grads: list):
     gradients from torch.func.grad, a compiled update is one graph. TD3 on HalfCheetah: 1.41x as fast as with LeanRL's
     loss.backward() and optimizer.step() compiled (the sweep's budget, a 2-core CPU: doc/compile.md)."""
     state = [optimizer.state[p] for p in params]
-    # the lr is the param group's, the tensor the loop anneals in place: CleanRL's float assignment works too, but
-    # compiled code re-traces at each new value and a CUDA graph replays the one it captured
+    # the lr is the param group's, the tensor the loop anneals in place. CleanRL's float assignment works on a CPU
+    # (compiled code re-traces once, at the first new value, then takes every value); on CUDA it is refused: a CUDA
+    # graph would replay the float it captured
     group = optimizer.param_groups[0]
+    if group["capturable"] and not torch.is_tensor(group["lr"]):
+        raise TypeError("on CUDA the lr must stay the optimizer's tensor, annealed in place: lr.fill_(lrnow)")
     with torch.no_grad():
         adam(
             params,

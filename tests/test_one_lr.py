@@ -53,3 +53,21 @@ def test_cleanrl_annealing_line_sets_the_step(script):
     (module.member_adam_step if seeds else module.adam_step)(optimizer, params, grads)
     for p, e in zip(params, expected):
         torch.testing.assert_close(p.detach(), e)
+
+
+@pytest.mark.parametrize("script", [s for s in SCRIPTS if "_seeds_" not in s])
+def test_a_float_lr_on_a_cuda_learner_is_refused(script):
+    """A CUDA learner's optimizer is capturable and its update may be a CUDA graph, which replays the lr it captured:
+    CleanRL's float assignment there would train at one rate without a word, so `adam_step` refuses it in one line.
+    Checked on the CPU with a capturable optimizer, as a CUDA learner makes it (the refusal comes before any step)."""
+    module = load_script(script)
+    net = nn.Linear(3, 2)
+    params = list(net.parameters())
+    takes_module = module.make_optimizer.__code__.co_varnames[0] in ("agent", "q_network")
+    optimizer = module.make_optimizer(net if takes_module else params, torch.tensor(1e-3), capturable=True)
+    optimizer.param_groups[0]["lr"] = 5e-4  # CleanRL's line
+    before = [p.detach().clone() for p in params]
+    with pytest.raises(TypeError, match=r"lr\.fill_"):
+        module.adam_step(optimizer, params, [torch.ones_like(p) for p in params])
+    for p, b in zip(params, before):
+        torch.testing.assert_close(p.detach(), b)

@@ -183,8 +183,9 @@ def test_teacher_update_matches_eager_reference(ts):
 
 
 def test_compiled_units_run_each_networks_graph(ts):
-    """The student's and the teacher's updates are one function compiled twice, as main compiles them: once the
-    guards are skipped (main's stance after the first iteration), each call must still run its own network's graph.
+    """The student's and the teacher's updates are one function compiled twice, as main compiles them: with the
+    guards skipped (main's stance after an iteration's first minibatch), each call must still run its own network's
+    graph.
     Dynamo's eager backend: the dispatch between cached graphs is what is tested, not Inductor's code."""
     args = ts.Args()
     obs, actions, student_logprobs, advantages, returns = fixed_batch()
@@ -202,13 +203,11 @@ def test_compiled_units_run_each_networks_graph(ts):
             units.append(torch.compile(unit, backend="eager", dynamic=False) if compiled else unit)
         out = []
         for step, inds in enumerate(minibatches):
-            if compiled and step == 1:
-                torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
             for net, unit in zip(nets, units):
                 with torch.no_grad():
                     old_logprobs, _, old_values = net(obs, actions)
-                out.append(unit(obs, actions, old_logprobs, advantages, returns, old_values, inds))
-        torch.compiler.set_stance("default")
+                with torch.compiler.set_stance(skip_guard_eval_unsafe=step > 0):
+                    out.append(unit(obs, actions, old_logprobs, advantages, returns, old_values, inds))
         results.append((out, [p.detach().clone() for net in nets for p in net.parameters()]))
     (eager_stats, eager_params), (compiled_stats, compiled_params) = results
     for a, b in zip(eager_stats + eager_params, compiled_stats + compiled_params):

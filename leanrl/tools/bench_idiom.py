@@ -19,6 +19,7 @@ and per call (from t_update). Runs go one at a time, idioms interleaved within a
     python leanrl/tools/bench_idiom.py --families classic mujoco sac td3 dqn dqn_atari --seeds 1 2 3
 """
 
+import contextlib
 import functools
 import importlib.util
 import json
@@ -269,9 +270,9 @@ def worker(family: str, idiom: str, argv: list[str]):
     if idiom == "leanrl-ca":
         torch._dynamo.config.compiled_autograd = True
     if idiom != "functional":
-        # the scripts stop checking guards once all has compiled; the idiom's frames after a graph break then raise
-        # "Recompilation triggered with skip_guard_eval_unsafe stance", so its runs keep checking them
-        torch.compiler.set_stance = lambda *args, **kwargs: None
+        # the scripts skip the update's guards after an iteration's first minibatch; the idiom's frames after a graph
+        # break may then raise "Recompilation triggered with skip_guard_eval_unsafe stance", so its runs check them
+        torch.compiler.set_stance = lambda *args, **kwargs: contextlib.nullcontext()
     sys.argv = [script, *argv]
     mod.main(mod.plumbing.parse_args(mod.Args))
 
