@@ -358,8 +358,7 @@ def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf,
         obs[step] = next_obs
         dones[step] = next_done
         t0 = time.perf_counter()
-        # the int8 policy is compiled: the rollout's first step checks its guards, the rest skip them (doc/compile.md)
-        with torch.compiler.set_stance(skip_guard_eval_unsafe=step > 0):
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=step > 0):  # compiled int8: guards checked once a rollout
             actions[step] = policy(next_obs, gumbel[step])
         t1 = time.perf_counter()
         next_obs, reward, terminations, truncations, _ = envs.step(actions[step])

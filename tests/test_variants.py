@@ -32,7 +32,7 @@ PAIRS = [
 # rewrites every unit that held one agent's parameters (acting, rollout, update, the optimizer) for the stacked ones,
 # Adam's step for one learning rate per member, on HalfCheetah the normalizer's statistics for one set per member, and
 # the log row's top-level fields and the checkpoint's per-member state for a member that diverges (issue 51)
-MAX_REMOVED = {"ddp": 60, "seeds": 185}
+MAX_REMOVED = {"ddp": 60, "seeds": 186, "quantized": 41}
 # base flags a trick deliberately replaces, with the reason: (variant, flag) -> why
 REPLACED = {
     ("ppo_atari_envpool_ddp_torchcompile", "num_threads"): "each rank takes its share of the cores, not all of them",

@@ -1,0 +1,188 @@
+"""Where a cold `--compile` start spends its time, per family, per compiled unit and per phase.
+
+Each family's torchcompile script runs with `--compile` at a tiny budget, in a fresh process with an empty Inductor
+cache (a new `TORCHINDUCTOR_CACHE_DIR`), as a user's first run on a new machine. In that process `torch.compile` is
+patched to time each unit's first call (its compilation) and to read, around it, torch's own compile-time counters
+(`torch._dynamo.utils.compilation_time_metrics`). Phases of a unit's compilation:
+
+- `dynamo`: tracing the Python bytecode into a graph, building guards;
+- `aot`: AOTAutograd (the joint forward/backward graph, functionalization, partitioning);
+- `lowering`: Inductor lowering the graph to kernels, max_autotune's benchmarking of GEMM candidates included (each
+  candidate is C++ compiled and run: with max_autotune on, most of a cold start on a CPU);
+- `codegen`: Inductor writing the module's code;
+- `build`: loading the module, the C++ compiler's run for its kernels (and, with cpp_wrapper, its wrapper) included;
+- `c++`: every C++ compiler run of the unit (the candidates' and the module's), also counted in the phases above.
+
+`--options` tries other Inductor options in place of the scripts' own: `script` (the default) runs each script as it
+is; `none`, `cpp_wrapper`, `max_autotune` and `both` replace the options of every `torch.compile` call the script
+makes. Each family and option set is its own cold start, one after the other.
+
+    python leanrl/tools/bench_cold_compile.py --families classic mujoco --options script none --out runs/cold
+"""
+
+import functools
+import json
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import tyro
+
+LEANRL = Path(__file__).resolve().parents[1]
+# family: the torchcompile script and a budget just past its first compiled iteration (off-policy: past
+# learning_starts, so that the update units compile)
+FAMILIES = {
+    "classic": ("ppo_torchcompile", ["--total-timesteps", "1024"]),
+    "atari": ("ppo_atari_envpool_torchcompile", ["--total-timesteps", "2048"]),
+    "mujoco": ("ppo_continuous_action_torchcompile", ["--total-timesteps", "4096"]),
+    "sac": ("sac_continuous_action_torchcompile", ["--total-timesteps", "1200", "--learning-starts", "1000"]),
+    "td3": ("td3_continuous_action_torchcompile", ["--total-timesteps", "1200", "--learning-starts", "1000"]),
+    "dqn": ("dqn_torchcompile", ["--total-timesteps", "2000", "--learning-starts", "1000"]),
+    "dqn_atari": (
+        "dqn_atari_envpool_torchcompile",
+        ["--total-timesteps", "1200", "--learning-starts", "1000", "--buffer-size", "2000"],
+    ),
+}
+PHASES = ("dynamo", "aot", "lowering", "codegen", "build", "c++")
+OPTIONS = {
+    "none": {},
+    "cpp_wrapper": dict(cpp_wrapper=True),
+    "max_autotune": dict(max_autotune=True),
+    "both": dict(cpp_wrapper=True, max_autotune=True),
+}
+
+
+@dataclass
+class Args:
+    families: list[str] = field(default_factory=lambda: list(FAMILIES))
+    """the families to measure (classic, atari, mujoco, sac, td3, dqn, dqn_atari)"""
+    options: list[str] = field(default_factory=lambda: ["script"])
+    """Inductor options per cold start: script (the script's own), none, cpp_wrapper, max_autotune, both"""
+    out: str = "runs/cold"
+    """where the runs and table.md go"""
+    timeout: float = 900
+    """seconds one cold start may take before it is stopped"""
+
+
+def metrics() -> dict:
+    return {k: sum(v) for k, v in torch._dynamo.utils.compilation_time_metrics.items()}
+
+
+def phases(before: dict, after: dict) -> dict:
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    inner = d.get("_compile.compile_inner", 0.0)
+    backend = d.get("OutputGraph.call_user_compiler", 0.0)
+    inductor = d.get("fx_codegen_and_compile", 0.0)
+    return {
+        "dynamo": inner - backend,
+        "aot": backend - inductor,
+        "lowering": d.get("GraphLowering.run", 0.0),
+        "codegen": d.get("GraphLowering.codegen", 0.0),
+        "build": d.get("GraphLowering.compile_to_module", 0.0),
+        "c++": d.get("compile_file", 0.0),
+    }
+
+
+def name_of(fn) -> str:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def child(script: str, option_set: str, flags: list[str], out: Path):
+    """Runs in the fresh process: the script with its units' first calls timed, the table rows into out."""
+    units = {}
+    compile_ = torch.compile
+
+    def patched(fn=None, **kwargs):
+        if fn is None:
+            return functools.partial(patched, **kwargs)
+        if option_set != "script":
+            kwargs["options"] = dict(OPTIONS[option_set])
+        compiled = compile_(fn, **kwargs)
+        name = name_of(fn)
+
+        def first_call_timed(*args, **kw):
+            if name in units:
+                return compiled(*args, **kw)
+            before = metrics()
+            t0 = time.perf_counter()
+            result = compiled(*args, **kw)
+            units[name] = dict(wall=time.perf_counter() - t0, **phases(before, metrics()))
+            return result
+
+        return first_call_timed
+
+    torch.compile = patched
+    sys.path.insert(0, str(LEANRL))
+    sys.argv = [f"{script}.py", "--compile", *flags]
+    t0 = time.perf_counter()
+    try:
+        runpy.run_path(str(LEANRL / f"{script}.py"), run_name="__main__")
+    except SystemExit as e:
+        if e.code:
+            raise
+    out.write_text(json.dumps(dict(units=units, run_wall=time.perf_counter() - t0)))
+
+
+def cold_start(family: str, option_set: str, out: Path, timeout: float) -> dict:
+    script, flags = FAMILIES[family]
+    out.mkdir(parents=True, exist_ok=True)
+    result = out / "units.json"
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            script,
+            option_set,
+            str(result),
+            *flags,
+            "--log-dir",
+            str(out / "run"),
+        ]
+        with open(out / "stderr.log", "w") as err:
+            subprocess.run(cmd, env=env, timeout=timeout, check=True, stdout=subprocess.DEVNULL, stderr=err)
+    return json.loads(result.read_text())
+
+
+def table(rows: dict) -> str:
+    head = "| family | options | unit | cold compile (s) | " + " | ".join(PHASES) + " |"
+    lines = [head, "|---|---|---|---:|" + "---:|" * len(PHASES)]
+    for (family, option_set), data in rows.items():
+        total = sum(u["wall"] for u in data["units"].values())
+        for name, u in data["units"].items():
+            cells = " | ".join(f"{u[p]:.1f}" for p in PHASES)
+            lines.append(f"| {family} | {option_set} | `{name}` | {u['wall']:.1f} | {cells} |")
+        lines.append(f"| {family} | {option_set} | all units | **{total:.1f}** |" + " |" * len(PHASES))
+    return "\n".join(lines) + "\n"
+
+
+def main(args: Args):
+    for given, known in ((args.families, FAMILIES), (args.options, ("script", *OPTIONS))):
+        unknown = [x for x in given if x not in known]
+        if unknown or not given:
+            print(f"unknown {unknown or 'nothing'}: choose among {', '.join(known)}", file=sys.stderr)
+            sys.exit(2)
+    out = Path(args.out)
+    rows = {}
+    for family in args.families:
+        for option_set in args.options:
+            rows[family, option_set] = cold_start(family, option_set, out / f"{family}-{option_set}", args.timeout)
+            print(table({(family, option_set): rows[family, option_set]}), flush=True)
+    (out / "table.md").write_text(table(rows))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[2], sys.argv[3], sys.argv[5:], Path(sys.argv[4]))
+    else:
+        main(tyro.cli(Args))
