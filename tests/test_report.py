@@ -579,7 +579,7 @@ def test_iqm_ci_is_rliables_stratified_bootstrap(report_module):
 
 
 def test_cleanrl_verdict_by_intervals(report_module):
-    """Against CleanRL's file run on this machine at the same budget: `above` or `below` where the two 95% CIs of the
+    """Against our runs of CleanRL's file at the same budget: `above` or `below` where the two 95% CIs of the
     IQM are apart, `no difference shown` where they overlap (touching ends included); no verdict with fewer than 3
     finished runs on either side, against a published figure alone (no per-seed values), or against a figure at
     another budget; no finished run, no verdict."""
@@ -592,12 +592,10 @@ def test_cleanrl_verdict_by_intervals(report_module):
     assert report_module.iqm_ci([3.0, 4.0, 5.0])[2] == 5.0
     assert verdict([5.0] * 3, [3.0, 4.0, 5.0], published, 1000) == "no difference shown: the CIs overlap"
     assert verdict([5.0] * 2, [4.0] * 3, published, 1000) == "no verdict: 2 finished runs, 3 needed"
-    assert verdict([5.0] * 3, [4.0] * 2, published, 1000) == (
-        "no verdict: 2 finished runs of CleanRL's file here, 3 needed"
-    )
+    assert verdict([5.0] * 3, [4.0] * 2, published, 1000) == ("no verdict: 2 finished runs of CleanRL's file, 3 needed")
     assert verdict([500.0] * 5, None, published, 1000) == "no verdict: CleanRL publishes no per-seed values"
     assert verdict([50.0] * 5, None, published, 500) == (
-        "no verdict: CleanRL's figure is at 1,000 steps, ours at 500, and no reference ran here at 500"
+        "no verdict: CleanRL's figure is at 1,000 steps, ours at 500, and no run of CleanRL's file at 500"
     )
     assert verdict([], [4.0] * 3, published, 1000) == "no finished run yet"
 
@@ -663,14 +661,14 @@ def test_cleanrl_page_and_plots(tmp_path, report_module, monkeypatch, capsys):
     )
     assert (
         "| 50.0 (n=1) | 1: 50.0 | 211.24 ± 151.84 | - | no verdict: CleanRL's figure is at 10,000,000 steps, ours at "
-        "2,000,000, and no reference ran here at 2,000,000 |"
+        "2,000,000, and no run of CleanRL's file at 2,000,000 |"
     ) in text
     assert "CleanRL's 10,000,000-step figure cannot judge them" in text
     for png in ("cleanrl_classic.png", "cleanrl_atari.png"):
         assert (out / png).stat().st_size > 0
     printed = capsys.readouterr().out
     assert (
-        "| family | CleanRL (mean ± std, 3 seeds) | CleanRL's file here | ours (compile) | ours (baseline) "
+        "| family | CleanRL (mean ± std, 3 seeds) | CleanRL's file, our run | ours (compile) | ours (baseline) "
         "| time to CleanRL's score |"
     ) in printed
     assert (
@@ -692,7 +690,7 @@ def reference_run(path, final):
 
 
 def test_cleanrl_file_run_here_is_the_reference(tmp_path, report_module, monkeypatch, capsys):
-    """CleanRL's own file run on this machine at the same budget (its runs' script `cleanrl/...`) is a row of its own,
+    """Our runs of CleanRL's own file at the same budget (its runs' script `cleanrl/...`) is a row of its own,
     the reference of the family's verdicts; its versions are named; the README's lines give it a column."""
     runs = tmp_path / "runs"
     out = tmp_path / "doc"
@@ -706,13 +704,13 @@ def test_cleanrl_file_run_here_is_the_reference(tmp_path, report_module, monkeyp
     report_module.main()
     text = (out / "learning_cleanrl.md").read_text()
     assert (
-        "| CleanRL's file, this machine | `cleanrl/ppo_continuous_action.py` | 1450.0 [1400.0, 1500.0] (n=3) "
+        "| CleanRL's file, our run | `cleanrl/ppo_continuous_action.py` | 1450.0 [1400.0, 1500.0] (n=3) "
         "| 1: 1400.0, 2: 1450.0, 3: 1500.0 | 1442.64 ± 46.03 | inside | the reference |"
     ) in text
     assert "| 3100.0 [3000.0, 3200.0] (n=3) | 1: 3000.0, 2: 3100.0, 3: 3200.0 | 1442.64 ± 46.03 | below it " in text
     assert "| below it | above: the CIs are apart |" in text
     assert "| no difference shown: the CIs overlap |" in text  # --compile: 1420 to 3800
-    assert "gymnasium 1.4.0, MuJoCo 2.3.3" in text
+    assert "on Test CPU (2 cores), gymnasium 1.4.0, MuJoCo 2.3.3, torch 2.13.0+cpu; ours on envpool." in text
     printed = capsys.readouterr().out
     assert (
         "| mujoco (HalfCheetah-v4, 1M) | 1442.64 ± 46.03 | 1450.0 [1400.0, 1500.0] (3) "

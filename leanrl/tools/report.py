@@ -1,7 +1,7 @@
 """Turn run.sh's runs into the fps comparison: doc/fps_table.md, doc/fps.png and doc/returns_<family>.png; or, with
 --learning, into the learning evidence of `LEARN=1 bash run.sh`: doc/learning.md and doc/learning_<family>.png; or,
-with --cleanrl, into the runs of `CLEANRL=1 bash run.sh` beside CleanRL's published results and CleanRL's own file run
-on this machine (leanrl/tools/cleanrl_reference.py): doc/learning_cleanrl.md and doc/cleanrl_<family>.png, from the
+with --cleanrl, into the runs of `CLEANRL=1 bash run.sh` beside CleanRL's published results and our runs of CleanRL's
+own file (leanrl/tools/cleanrl_reference.py): doc/learning_cleanrl.md and doc/cleanrl_<family>.png, from the
 record doc/cleanrl_runs/ that it keeps of every such run, with rliable's interval estimates.
 
     python leanrl/tools/report.py runs/bench --out doc
@@ -31,6 +31,8 @@ import numpy as np
 import tyro
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plumbing.py is in leanrl/, one up
+from cleanrl_reference import REFERENCE_SCRIPT
+
 import plumbing
 
 matplotlib.use("Agg")
@@ -77,8 +79,6 @@ CLEANRL = {
     "atari": Published("ppo_atari_envpool.py", "Breakout-v5", 10_000_000, 211.24, 151.84, 151.4),
 }
 CLEANRL_SEEDS = 3  # the seeds behind each figure of CleanRL's tables, whose per-seed values are not published
-# the script name leanrl/tools/cleanrl_reference.py gives the runs of CleanRL's own file on this machine
-REFERENCE_SCRIPT = "cleanrl/"
 MIN_RUNS = 3  # fewer finished runs give no interval: a bootstrap of one or two values estimates nothing
 # rliable's default is 50,000 resamples, a minute per page on 2 cores; 10,000 move a CI's ends by about 1% of its width
 BOOTSTRAP_REPS = 10_000
@@ -693,21 +693,21 @@ def bootstrap_iqm(finals: tuple, reps: int) -> tuple:
 
 def cleanrl_verdict(finals: list, reference: Optional[list], published: Published, steps: int) -> str:
     """The rule in learning_cleanrl.md's caption: the 95% CIs of the IQM of our finished runs and of CleanRL's file run
-    on this machine at the same budget (`reference`: its finished runs' final returns, None where it has not run).
+    at the same budget, as we ran it (`reference`: its finished runs' final returns, None where it has not run).
     Without that reference there is no verdict: CleanRL's tables give mean ± std, no per-seed values to bootstrap."""
     if not finals:
         return "no finished run yet"
     if reference is None:
         if steps < published.steps:
             return (
-                f"no verdict: CleanRL's figure is at {published.steps:,} steps, ours at {steps:,}, and no reference "
-                f"ran here at {steps:,}"
+                f"no verdict: CleanRL's figure is at {published.steps:,} steps, ours at {steps:,}, and no run of "
+                f"CleanRL's file at {steps:,}"
             )
         return "no verdict: CleanRL publishes no per-seed values"
     if len(finals) < MIN_RUNS:
         return f"no verdict: {len(finals)} finished runs, {MIN_RUNS} needed"
     if len(reference) < MIN_RUNS:
-        return f"no verdict: {len(reference)} finished runs of CleanRL's file here, {MIN_RUNS} needed"
+        return f"no verdict: {len(reference)} finished runs of CleanRL's file, {MIN_RUNS} needed"
     _, low, high = iqm_ci(finals)
     _, reference_low, reference_high = iqm_ci(reference)
     if low > reference_high:
@@ -774,18 +774,18 @@ def is_reference(config: Config) -> bool:
 
 
 def reference_finals(configs: dict, steps: int) -> Optional[list]:
-    """The finished runs' final returns of CleanRL's file run here at `steps`; None where it has not run."""
+    """The finished runs' final returns of our runs of CleanRL's file at `steps`; None where it has not run."""
     found = [c for c in configs.values() if is_reference(c) and budget_of(c) == steps]
     return [final for c in found for final in finished_finals(c)] if found else None
 
 
 def label(name: str, config: Config) -> str:
-    return "CleanRL's file, this machine" if is_reference(config) else f"`{column_name(name)}`"
+    return "CleanRL's file, our run" if is_reference(config) else f"`{column_name(name)}`"
 
 
 def cleanrl_table(configs: dict, published: Published) -> list:
     """Per configuration: the IQM and CI of the finished runs' final returns, each seed's, CleanRL's published figure
-    and where it lies against the CI, the verdict against CleanRL's file run here, each seed's wall time and env step
+    and where it lies against the CI, the verdict against our runs of CleanRL's file, each seed's wall time and env step
     to CleanRL's mean, and its wall time in all."""
     head = [
         "configuration",
@@ -887,11 +887,11 @@ def short_steps(steps: int) -> str:
 
 
 def readme_lines(data: dict) -> list:
-    """The README's table: per family CleanRL's published result, CleanRL's file run here, ours with --compile and
+    """The README's table: per family CleanRL's published result, our runs of CleanRL's file, ours with --compile and
     without (IQM [95% CI] (runs), the verdict's first words), and the median time to CleanRL's mean over the seeds
     that reached it."""
     lines = [
-        "| family | CleanRL (mean ± std, 3 seeds) | CleanRL's file here | ours (compile) | ours (baseline) "
+        "| family | CleanRL (mean ± std, 3 seeds) | CleanRL's file, our run | ours (compile) | ours (baseline) "
         "| time to CleanRL's score |",
         "|---|---:|---:|---:|---:|---|",
     ]
@@ -965,8 +965,8 @@ def cleanrl_report(args: Args, data: dict):
         "",
         f"CleanRL: the final episodic return (mean ± std over CleanRL's {CLEANRL_SEEDS} seeds) and the runtime of one "
         "run on CleanRL's machine, from CleanRL's benchmark tables (openrlbenchmark, the runs tagged pr-424), which "
-        "publish no per-seed values. CleanRL's file, this machine: CleanRL's own script at its defaults, run here by "
-        "`leanrl/tools/cleanrl_reference.py`, a row like ours. "
+        "publish no per-seed values. CleanRL's file, our run: CleanRL's own script at its defaults, run by "
+        "`leanrl/tools/cleanrl_reference.py` on a machine of ours (the section names it), a row like ours. "
         "Final return: the mean episodic return of the last 20 episodes when the run ended (summary.json's "
         "`final_return`). Each row gives the interquartile mean (IQM) of its finished runs' final returns, the mean of "
         "their middle half, which one run far off moves less than it moves the mean, and the IQM's 95% confidence "
@@ -977,7 +977,7 @@ def cleanrl_report(args: Args, data: dict):
         "runs in two modes show as two clusters, not as one mean between them. "
         "CleanRL's mean against this row's CI: `inside`, `below it` or `above it`, a fact and not a verdict (the CI "
         "of CleanRL's own seeds is not known). "
-        "Verdict: against CleanRL's file run on this machine at the same budget, `above` or `below` where the two 95% "
+        "Verdict: against our runs of CleanRL's file at the same budget, `above` or `below` where the two 95% "
         "CIs are apart, `no difference shown` where they overlap (touching ends included): with a few seeds an "
         "overlap is no proof that the two match. `no verdict` without that reference (a published mean ± std has no "
         "per-seed values to bootstrap, and a figure at another budget says nothing of ours) or with fewer than "
@@ -1008,7 +1008,7 @@ def cleanrl_report(args: Args, data: dict):
             ]
         for s, _ in next((c.runs for c in configs.values() if is_reference(c)), [])[:1]:
             lines += [
-                f"CleanRL's file, this machine: `{s['script']}`, run by `leanrl/tools/cleanrl_reference.py` on "
+                f"CleanRL's file, our run: `{s['script']}`, run by `leanrl/tools/cleanrl_reference.py` on {s['cpu']}, "
                 f"gymnasium {s['gymnasium']}, MuJoCo {s['mujoco']}, torch {s['torch']}; ours on envpool.",
                 "",
             ]
