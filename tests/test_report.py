@@ -834,6 +834,25 @@ def test_cleanrl_runs_outlast_the_machine_they_ran_on(tmp_path, report_module, m
     assert (out / "cleanrl_runs/classic/01-baseline/1/summary.json").exists()
 
 
+def test_cleanrl_page_written_again_from_its_record_alone(tmp_path, report_module, monkeypatch, capsys):
+    """`report.py doc/cleanrl_runs --cleanrl` writes the page from the record alone (a new run of CleanRL's file
+    converted into it, no sweep folder on this machine): the record is read as it is, each run keeping the day it
+    finished, not copied onto itself with the day of the checkout's files."""
+    out = tmp_path / "doc"
+    fake_run(tmp_path / "runs/classic/01-baseline/1", "CartPole-v1", 500000, 1000, 495.0)
+    monkeypatch.setattr(sys, "argv", ["report.py", str(tmp_path / "runs"), "--out", str(out), "--cleanrl"])
+    report_module.main()
+    record = out / report_module.RECORD
+    update_summary(record / "classic/01-baseline/1", finished_on="2026-01-02")
+    monkeypatch.setattr(sys, "argv", ["report.py", str(record), "--out", str(out), "--cleanrl"])
+    report_module.main()
+    assert json.loads((record / "classic/01-baseline/1/summary.json").read_text())["finished_on"] == "2026-01-02"
+    text = (out / "learning_cleanrl.md").read_text()
+    assert "- newest run: 2026-01-02, the day it finished or stopped" in text
+    today = datetime.date.today().isoformat()
+    assert f"run.sh`) on {today}, from the runs recorded in [cleanrl_runs/](cleanrl_runs/):" in text
+
+
 def test_the_record_of_a_run_is_written_the_same_in_every_process():
     """The record's rows (doc/cleanrl_runs/) took their key order from a set, which Python orders by a per-process hash
     seed: each report rewrote every recorded metrics.jsonl with its keys shuffled, a diff of thousands of lines."""

@@ -947,8 +947,9 @@ def cleanrl_report(args: Args, data: dict):
         "# Learning at CleanRL's budgets, beside CleanRL's published results",
         "",
         f"Written by `python leanrl/tools/report.py {args.runs} --cleanrl` (the last step of `CLEANRL=1 bash run.sh`) "
-        f"on {today}, from the runs recorded in [{RECORD}/]({RECORD}/) (the runs under {args.runs}, and those an "
-        "earlier sitting recorded):",
+        f"on {today}, from the runs recorded in [{RECORD}/]({RECORD}/)"
+        + ("" if from_record(args) else f" (the runs under {args.runs}, and those an earlier sitting recorded)")
+        + ":",
         "",
         f"- commit: {wrote}, the checkout that wrote this page",
         f"- machines: {hardware(ran)}",
@@ -1025,6 +1026,11 @@ def cleanrl_report(args: Args, data: dict):
     print("\n".join(readme_lines(ran)))
 
 
+def from_record(args: Args) -> bool:
+    """--cleanrl given the record itself (doc/cleanrl_runs): the page is written again from it as it is."""
+    return args.runs.resolve() == (args.out / RECORD).resolve()
+
+
 def main():
     args = plumbing.parse_args(Args)
     if not args.runs.is_dir():
@@ -1039,7 +1045,8 @@ def main():
     runs = args.runs
     if args.cleanrl:
         runs = args.out / RECORD
-        record_runs(args.runs, runs)
+        if not from_record(args):
+            record_runs(args.runs, runs)
         runs.mkdir(exist_ok=True)
     data = load(runs)
     if not any(cfg.runs for configs in data.values() for cfg in configs.values()):
