@@ -869,7 +869,7 @@ def cleanrl_figure(family: str, configs: dict, published: Published):
     strip.set_ylabel("final return (last 20 episodes)")
     strip.set_title("each run's final return; bar: IQM, line: its 95% CI", fontsize=9)
     strip.grid(alpha=0.3, axis="y")
-    strip.legend(fontsize=7, loc="lower right")
+    strip.legend(fontsize=7, loc="best")
     fig.tight_layout()
     return fig
 
@@ -960,7 +960,7 @@ def cleanrl_report(args: Args, data: dict):
     if kept:
         lines.append(
             f"- kept from the page before, with no recorded runs: {', '.join(kept)} (the section says where and when "
-            "its runs ran)"
+            "its runs ran; its table, verdict included, is as that page wrote it)"
         )
     lines += [
         "",
