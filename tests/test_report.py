@@ -850,7 +850,7 @@ def test_cleanrl_page_written_again_from_its_record_alone(tmp_path, report_modul
     text = (out / "learning_cleanrl.md").read_text()
     assert "- newest run: 2026-01-02, the day it finished or stopped" in text
     today = datetime.date.today().isoformat()
-    assert f"run.sh`) on {today}, from the runs recorded in [cleanrl_runs/](cleanrl_runs/):" in text
+    assert f"{record} --cleanrl` on {today}, from the runs recorded in [cleanrl_runs/](cleanrl_runs/):" in text
 
 
 def test_the_record_of_a_run_is_written_the_same_in_every_process():

@@ -946,8 +946,9 @@ def cleanrl_report(args: Args, data: dict):
     lines = [
         "# Learning at CleanRL's budgets, beside CleanRL's published results",
         "",
-        f"Written by `python leanrl/tools/report.py {args.runs} --cleanrl` (the last step of `CLEANRL=1 bash run.sh`) "
-        f"on {today}, from the runs recorded in [{RECORD}/]({RECORD}/)"
+        f"Written by `python leanrl/tools/report.py {args.runs} --cleanrl`"
+        + ("" if from_record(args) else " (the last step of `CLEANRL=1 bash run.sh`)")
+        + f" on {today}, from the runs recorded in [{RECORD}/]({RECORD}/)"
         + ("" if from_record(args) else f" (the runs under {args.runs}, and those an earlier sitting recorded)")
         + ":",
         "",
@@ -972,10 +973,10 @@ def cleanrl_report(args: Args, data: dict):
         "`final_return`). Each row gives the interquartile mean (IQM) of its finished runs' final returns, the mean of "
         "their middle half, which one run far off moves less than it moves the mean, and the IQM's 95% confidence "
         f"interval, a stratified bootstrap (rliable, {BOOTSTRAP_REPS:,} resamples, seed 0), as Agarwal et al. (2021, "
-        f'"Deep RL at the Edge of the Statistical Precipice") advise for few runs; from {MIN_RUNS} finished runs on, '
-        "the IQM alone below. Of 3 runs the IQM is the mean (a quarter of 3 rounds down to none left out), so "
-        "CleanRL's published mean is its IQM. The plot beside each table has a point per run at its final return: "
-        "runs in two modes show as two clusters, not as one mean between them. "
+        f'"Deep RL at the Edge of the Statistical Precipice") advise for few runs. The CI needs {MIN_RUNS} finished '
+        "runs; with fewer, the row gives the IQM alone. Of 3 runs the IQM is the mean (a quarter of 3 rounds down to "
+        "none left out), so CleanRL's published mean is its IQM. The plot beside each table has a point per run at "
+        "its final return: runs in two modes show as two clusters, not as one mean between them. "
         "CleanRL's mean against this row's CI: `inside`, `below it` or `above it`, a fact and not a verdict (the CI "
         "of CleanRL's own seeds is not known). "
         "Verdict: against our runs of CleanRL's file at the same budget, `above` or `below` where the two 95% "
