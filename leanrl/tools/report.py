@@ -887,13 +887,13 @@ def short_steps(steps: int) -> str:
 
 
 def readme_lines(data: dict) -> list:
-    """The README's table: per family CleanRL's published result, our runs of CleanRL's file, ours with --compile and
-    without (IQM [95% CI] (runs), the verdict's first words), and the median time to CleanRL's mean over the seeds
-    that reached it."""
+    """The README's table: per family CleanRL's published result (and our runs of CleanRL's file, where there are
+    some), ours with --compile and without (IQM [95% CI] (runs), the verdict's first words), and the median time to
+    CleanRL's mean over the seeds that reached it."""
     lines = [
-        "| family | CleanRL (mean ± std, 3 seeds) | CleanRL's file, our run | ours (compile) | ours (baseline) "
+        "| family | CleanRL (mean ± std, 3 seeds; our runs of its file) | ours (compile) | ours (baseline) "
         "| time to CleanRL's score |",
-        "|---|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---|",
     ]
     shared = False
     for family, configs in data.items():
@@ -903,11 +903,12 @@ def readme_lines(data: dict) -> list:
         budget_cell = short_steps(steps)
         if steps < published.steps:
             budget_cell += f" of CleanRL's {short_steps(published.steps)}"
-        cells = [f"{family} ({first_summary(configs)['env_id']}, {budget_cell})", cleanrl_cell(published)]
+        cleanrl = cleanrl_cell(published)
+        if reference is not None:
+            cleanrl += f"; its file, our run: {iqm_cell(reference, brief=True) if reference else 'in progress'}"
+        cells = [f"{family} ({first_summary(configs)['env_id']}, {budget_cell})", cleanrl]
         times = []
         files = [name for name, c in configs.items() if is_reference(c) and budget_of(c) == steps]
-        for name in files[:1] or [None]:
-            cells.append("not run" if name is None else iqm_cell(reference, brief=True) if reference else "in progress")
         for name in files[:1] + ["03-compile", "01-baseline"]:
             c = configs.get(name)
             if c is None or not c.runs:
