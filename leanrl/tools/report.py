@@ -891,8 +891,7 @@ def readme_lines(data: dict) -> list:
     some), ours with --compile and without (IQM [95% CI] (runs), the verdict's first words), and the median time to
     CleanRL's mean over the seeds that reached it."""
     lines = [
-        "| family | CleanRL (mean ± std, 3 seeds; our runs of its file) | ours (compile) | ours (baseline) "
-        "| time to CleanRL's score |",
+        "| family | CleanRL | ours (compile) | ours (baseline) | time to CleanRL's score |",
         "|---|---:|---:|---:|---|",
     ]
     shared = False
