@@ -3,12 +3,15 @@ in turn, `convert` turns the finished seeds' logs into runs that the CleanRL pag
 of its own, "CleanRL's file, our run".
 
 CleanRL's file is not part of leanrl: it runs in its own virtual environment, with gymnasium's MuJoCo envs and
-tensorboard (`pip install torch==2.13.0 gymnasium==1.4.0 mujoco envpool==1.2.5 tyro tensorboard`), from a copy of
-CleanRL's repository (../shared/reference/cleanrl/ beside this checkout by default).
+tensorboard, from a copy of CleanRL's file (../shared/reference/cleanrl/ beside this checkout by default). The
+environment of the runs on learning_cleanrl.md:
 
-    python leanrl/tools/cleanrl_reference.py run --python /path/to/venv/bin/python --out runs/cleanrl_ref/mujoco \
-        --core 0 --seeds 1 2 3 4 5
-    python leanrl/tools/cleanrl_reference.py convert runs/cleanrl_ref/mujoco --python /path/to/venv/bin/python
+    python -m venv /tmp/cleanrl && /tmp/cleanrl/bin/pip install torch==2.13.0 \
+        --index-url https://download.pytorch.org/whl/cpu
+    /tmp/cleanrl/bin/pip install gymnasium==1.4.0 mujoco==2.3.3 numpy==2.4.6 tyro==1.0.17 tensorboard==2.21.0
+
+    python leanrl/tools/cleanrl_reference.py run --python /tmp/cleanrl/bin/python --core 0 --seeds 1 2 3 4 5
+    python leanrl/tools/cleanrl_reference.py convert runs/cleanrl_ref/mujoco --python /tmp/cleanrl/bin/python
     python leanrl/tools/report.py doc/cleanrl_runs --cleanrl
 
 `run` writes, per seed, <out>/seed_N/stdout.log (CleanRL's lines, each after the seconds since the seed's start),
