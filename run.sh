@@ -31,6 +31,12 @@
 # SIGTERM), and the next CLEANRL=1 run resumes it; a run finished at another budget runs again. The report records
 # every run in $DOC/cleanrl_runs/ (committed with the page), and a run finished there is not run again, on any machine.
 # Two at a time, one per core: `taskset -c 0 nice bash run.sh classic dqn mujoco & taskset -c 1 nice bash run.sh td3 sac atari`.
+# CleanRL's own ppo_continuous_action.py beside ours on HalfCheetah (its row on the page), in a virtual environment
+# of its own (leanrl/tools/cleanrl_reference.py's docstring says which), 10 seeds at 1M steps, one run per core:
+#   python leanrl/tools/cleanrl_reference.py run --python VENV/bin/python --core 0 --seeds 1 2 3 4 5 &
+#   python leanrl/tools/cleanrl_reference.py run --python VENV/bin/python --core 1 --seeds 6 7 8 9 10
+#   python leanrl/tools/cleanrl_reference.py convert runs/cleanrl_ref/mujoco --python VENV/bin/python   # finished seeds
+#   python leanrl/tools/report.py doc/cleanrl_runs --cleanrl   # the page again, from its record alone
 # SEEDS (default "21 31 41"), OUT (default runs/bench, or runs/smoke), DOC (default doc, or $OUT/doc with SMOKE).
 # Re-running resumes: a run that finished at the sweep's budget (and, for a seeds script, with the members SEEDS
 # asks for) is not repeated. One run.sh per family at a time: a second one into the same OUT is refused.

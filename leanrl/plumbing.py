@@ -938,10 +938,15 @@ def cores() -> int:
     return os.cpu_count() or 1
 
 
-def machine_info(device: torch.device) -> dict:
+def cpu_model() -> str:
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    return cpu
+
+
+def machine_info(device: torch.device) -> dict:
+    cpu = cpu_model()
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     n = os.cpu_count() or 1
     usable = "" if cores() == n else f", this process on {cores()}"  # pinned (taskset, a cpuset)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import matplotlib.collections
+import numpy as np
 import pytest
 import torch
 
@@ -473,6 +475,8 @@ def report_module(monkeypatch):
     monkeypatch.syspath_prepend(ROOT / "leanrl" / "tools")
     import report as report_module
 
+    # the page's 10,000 resamples take seconds a bootstrap on CI's 2 cores; the intervals asserted hold at 1,000
+    monkeypatch.setattr(report_module, "BOOTSTRAP_REPS", 1000)
     return report_module
 
 
@@ -542,35 +546,93 @@ def test_cleanrl_a_seeds_run_is_one_run_per_member_on_the_program_clock(tmp_path
     )
 
 
-def test_cleanrl_verdict_at_its_edges(report_module):
-    """Within CleanRL's mean ± 2 std, ends included (80 to 120 for 100 ± 10), else below or above; no finished run,
-    no verdict."""
+def test_iqm_is_the_middle_half_mean(report_module):
+    """The interquartile mean drops the lowest and highest quarter of the runs (scipy's trim_mean rounds the quarter
+    down): 8 runs keep the middle 4, 5 runs the middle 3, and 3 runs all of them, so CleanRL's published mean over its
+    3 seeds is its IQM."""
+    assert report_module.iqm_ci([8.0, 1.0, 7.0, 2.0, 6.0, 3.0, 5.0, 4.0])[0] == (3 + 4 + 5 + 6) / 4
+    assert report_module.iqm_ci([100.0, 1.0, 2.0, 3.0, 4.0])[0] == (2 + 3 + 4) / 3
+    assert report_module.iqm_ci([1.0, 2.0, 30.0])[0] == 11.0
+
+
+def test_iqm_ci_is_rliables_stratified_bootstrap(report_module):
+    """The interval is rliable's percentile stratified bootstrap of the IQM over the runs (one task), 95%, seeded: a
+    page written twice reads the same. rliable draws from numpy's global generator (it ignores its random_state), which
+    the report seeds and then puts back as it was."""
+    from rliable import library, metrics
+
+    finals = [1442.9, 1521.6, 2789.3, 3322.1, 3883.1, 1341.8, 3807.6]
+    np.random.seed(0)
+    _, interval = library.get_interval_estimates(
+        {"runs": np.array(finals)[:, None]},
+        lambda scores: np.array([metrics.aggregate_iqm(scores)]),
+        reps=report_module.BOOTSTRAP_REPS,
+    )
+    (low,), (high,) = interval["runs"]
+    np.random.seed(5)
+    expected_draw = np.random.rand()
+    np.random.seed(5)
+    assert report_module.iqm_ci(finals) == (metrics.aggregate_iqm(np.array(finals)), low, high)
+    assert np.random.rand() == expected_draw
+    report_module.bootstrap_iqm.cache_clear()
+    assert report_module.iqm_ci(finals) == (metrics.aggregate_iqm(np.array(finals)), low, high)
+
+
+def test_cleanrl_verdict_by_intervals(report_module):
+    """Against our runs of CleanRL's file at the same budget: `above` or `below` where the two 95% CIs of the
+    IQM are apart, `no difference shown` where they overlap (touching ends included); no verdict with fewer than 3
+    finished runs on either side, against a published figure alone (no per-seed values), or against a figure at
+    another budget; no finished run, no verdict."""
     published = report_module.Published("ppo.py", "CartPole-v1", 1000, 100.0, 10.0, None)
-    assert report_module.cleanrl_verdict([80.0], published) == "within"
-    assert report_module.cleanrl_verdict([79.9], published) == "below"
-    assert report_module.cleanrl_verdict([70.0, 90.0], published) == "within"
-    assert report_module.cleanrl_verdict([120.0], published) == "within"
-    assert report_module.cleanrl_verdict([120.1], published) == "above"
-    assert report_module.cleanrl_verdict([], published) == "no finished run yet"
+    verdict = report_module.cleanrl_verdict
+    assert verdict([5.0] * 3, [4.0] * 3, published, 1000) == "above: the CIs are apart"
+    assert verdict([4.0] * 3, [5.0] * 4, published, 1000) == "below: the CIs are apart"
+    assert verdict([5.0] * 3, [5.0] * 3, published, 1000) == "no difference shown: the CIs overlap"
+    # [3, 4, 5]'s CI reaches 5: all three resampled as 5 is 1 draw in 27, more than the 2.5% cut
+    assert report_module.iqm_ci([3.0, 4.0, 5.0])[2] == 5.0
+    assert verdict([5.0] * 3, [3.0, 4.0, 5.0], published, 1000) == "no difference shown: the CIs overlap"
+    assert verdict([5.0] * 2, [4.0] * 3, published, 1000) == "no verdict: 2 finished runs, 3 needed"
+    assert verdict([5.0] * 3, [4.0] * 2, published, 1000) == ("no verdict: 2 finished runs of CleanRL's file, 3 needed")
+    assert verdict([500.0] * 5, None, published, 1000) == "no verdict: CleanRL publishes no per-seed values"
+    assert verdict([50.0] * 5, None, published, 500) == (
+        "no verdict: CleanRL's figure is at 1,000 steps, ours at 500, and no run of CleanRL's file at 500"
+    )
+    assert verdict([], [4.0] * 3, published, 1000) == "no finished run yet"
+
+
+def test_cleanrl_mean_against_a_rows_interval(report_module):
+    """Where CleanRL's published mean (its 3 seeds' IQM) lies against a row's CI: a fact beside the verdict, shown from
+    3 finished runs on and only at CleanRL's budget."""
+    published = report_module.Published("ppo.py", "CartPole-v1", 1000, 100.0, 10.0, None)
+    where = report_module.against_ci
+    assert where([100.0] * 3, published, 1000) == "inside"
+    assert where([99.0, 101.0, 100.0], published, 1000) == "inside"
+    assert where([101.0] * 3, published, 1000) == "below it"
+    assert where([99.0] * 3, published, 1000) == "above it"
+    assert where([101.0] * 2, published, 1000) == "-"
+    assert where([101.0] * 3, published, 500) == "-"
 
 
 def test_cleanrl_a_run_in_progress_is_left_out_of_the_verdict(tmp_path, report_module):
     """A run stopped before its budget (SIGTERM: summary.json with interrupted) shows where it is, and only the
-    finished runs count: 1's 495 is within, 2's 10 would have pulled the mean below."""
+    finished runs count: seeds 1-3 give an IQM of 496 over 3 runs, seed 4's 10 would have made it 495.5 over 4."""
     runs = tmp_path / "runs"
-    fake_run(runs / "classic/01-baseline/1", "CartPole-v1", 500000, 1000, 495.0)
-    fake_run(runs / "classic/01-baseline/2", "CartPole-v1", 500000, 1000, 10.0)
-    update_summary(runs / "classic/01-baseline/2", interrupted=True, global_step=40960)
+    for seed, final in ((1, 495.0), (2, 496.0), (3, 497.0), (4, 10.0)):
+        fake_run(runs / "classic/01-baseline" / str(seed), "CartPole-v1", 500000, 1000, final)
+    update_summary(runs / "classic/01-baseline/4", interrupted=True, global_step=40960)
     fake_run(runs / "td3/03-compile/1", "HalfCheetah-v4", 1000000, 100, 2000.0, script="td3_continuous_action")
     update_summary(runs / "td3/03-compile/1", interrupted=True, global_step=250000)
     data = report_module.load(runs)
     table = report_module.cleanrl_table(data["classic"], report_module.CLEANRL["classic"])
     row = next(line for line in table if line.startswith("| `baseline` |"))
-    assert "| 495.0 ± 0.0 (n=1) | 1: 495.0, 2: in progress at step 40,960 | 490.04 ± 6.12 | within |" in row
+    assert (
+        "| 496.0 [495.0, 497.0] (n=3) | 1: 495.0, 2: 496.0, 3: 497.0, 4: in progress at step 40,960 | 490.04 ± 6.12 "
+        "| below it | no verdict: CleanRL publishes no per-seed values |"
+    ) in row
     (row,) = [
         line for line in report_module.cleanrl_table(data["td3"], report_module.CLEANRL["td3"]) if "`compile`" in line
     ]
-    assert "| - | 1: in progress at step 250,000 | 9583.22 ± 126.09 | no finished run yet |" in row
+    assert "| - | 1: in progress at step 250,000 | 9583.22 ± 126.09 | - | no finished run yet |" in row
 
 
 def test_cleanrl_page_and_plots(tmp_path, report_module, monkeypatch, capsys):
@@ -590,29 +652,82 @@ def test_cleanrl_page_and_plots(tmp_path, report_module, monkeypatch, capsys):
     assert "- machines: Test CPU (2 cores), GPU: none, torch 2.13.0+cpu" in lines
     assert "- seeds: 1, 2" in lines
     assert "- steps per run: classic 500,000 (CleanRL's 500,000); atari 2,000,000 (CleanRL's 10,000,000)" in lines
-    assert "lies within CleanRL's mean ± 2 std" in text
+    assert "interquartile mean (IQM)" in text and "where the two 95% CIs are apart" in text
     assert "## classic: CartPole-v1 (CleanRL's ppo.py)" in lines
     assert "## atari: Breakout-v5 (CleanRL's ppo_atari_envpool.py)" in lines
-    assert "| 490.0 ± 14.1 (n=2) | 1: 480.0, 2: 500.0 | 490.04 ± 6.12 | within |" in text
     assert (
-        "| 50.0 ± 0.0 (n=1) | 1: 50.0 | 211.24 ± 151.84 | within (a lower bound: 2,000,000 of 10,000,000 steps) |"
+        "| 490.0 (n=2) | 1: 480.0, 2: 500.0 | 490.04 ± 6.12 | - | no verdict: CleanRL publishes no per-seed values |"
         in text
     )
-    assert "compares a shorter run against CleanRL's 10,000,000-step figure" in text
+    assert (
+        "| 50.0 (n=1) | 1: 50.0 | 211.24 ± 151.84 | - | no verdict: CleanRL's figure is at 10,000,000 steps, ours at "
+        "2,000,000, and no run of CleanRL's file at 2,000,000 |"
+    ) in text
+    assert "CleanRL's 10,000,000-step figure cannot judge them" in text
     for png in ("cleanrl_classic.png", "cleanrl_atari.png"):
         assert (out / png).stat().st_size > 0
     printed = capsys.readouterr().out
     assert "| family | CleanRL | ours (compile) | ours (baseline) | time to CleanRL's score |" in printed
-    assert (
-        "| classic (CartPole-v1, 500k) | 490.04 ± 6.12 | 490.0 ± 14.1 (n=2), within | 490.0 ± 14.1 (n=2), within |"
-        in printed
-    )
+    assert "| classic (CartPole-v1, 500k) | 490.04 ± 6.12 | 490.0 (2), no verdict | 490.0 (2), no verdict |" in printed
     assert "| atari (Breakout-v5, 2M of CleanRL's 10M) | 211.24 ± 151.84 |" in printed
     # the two pages are different reports of different sweeps
     monkeypatch.setattr(sys, "argv", ["report.py", str(runs), "--out", str(out), "--cleanrl", "--learning"])
     with pytest.raises(SystemExit) as stopped:
         report_module.main()
     assert stopped.value.code == 2
+
+
+def reference_run(path, final):
+    """A run of CleanRL's own file as leanrl/tools/cleanrl_reference.py records it."""
+    fake_run(path, "HalfCheetah-v4", 1000000, 600, final, script="cleanrl/ppo_continuous_action.py")
+    update_summary(path, gymnasium="1.4.0", mujoco="2.3.3")
+
+
+def test_our_runs_of_cleanrls_file_are_the_reference(tmp_path, report_module, monkeypatch, capsys):
+    """Our runs of CleanRL's own file at the same budget (its runs' script `cleanrl/...`) is a row of its own,
+    the reference of the family's verdicts; its versions are named; the README's lines give it a column."""
+    runs = tmp_path / "runs"
+    out = tmp_path / "doc"
+    for seed, final in ((1, 1400.0), (2, 1450.0), (3, 1500.0)):
+        reference_run(runs / "mujoco/00-cleanrl-file" / str(seed), final)
+    for seed, final in ((1, 3000.0), (2, 3100.0), (3, 3200.0)):
+        fake_run(runs / "mujoco/01-baseline" / str(seed), "HalfCheetah-v4", 1000000, 1000, final)
+    for seed, final in ((1, 1420.0), (2, 3800.0), (3, 1460.0)):
+        fake_run(runs / "mujoco/03-compile" / str(seed), "HalfCheetah-v4", 1000000, 3000, final)
+    monkeypatch.setattr(sys, "argv", ["report.py", str(runs), "--out", str(out), "--cleanrl"])
+    report_module.main()
+    text = (out / "learning_cleanrl.md").read_text()
+    assert (
+        "| CleanRL's file, our run | `cleanrl/ppo_continuous_action.py` | 1450.0 [1400.0, 1500.0] (n=3) "
+        "| 1: 1400.0, 2: 1450.0, 3: 1500.0 | 1442.64 ± 46.03 | inside | the reference |"
+    ) in text
+    assert "| 3100.0 [3000.0, 3200.0] (n=3) | 1: 3000.0, 2: 3100.0, 3: 3200.0 | 1442.64 ± 46.03 | below it " in text
+    assert "| below it | above: the CIs are apart |" in text
+    assert "| no difference shown: the CIs overlap |" in text  # --compile: 1420 to 3800
+    assert "on Test CPU (2 cores), gymnasium 1.4.0, MuJoCo 2.3.3, torch 2.13.0+cpu; ours on envpool." in text
+    printed = capsys.readouterr().out
+    assert (
+        "| mujoco (HalfCheetah-v4, 1M) | 1442.64 ± 46.03; its file, our run: 1450.0 [1400.0, 1500.0] (3) "
+        "| 2226.7 [1420.0, 3800.0] (3), no difference shown | 3100.0 [3000.0, 3200.0] (3), above |"
+    ) in printed
+
+
+def test_cleanrl_plot_shows_every_runs_final_return(tmp_path, report_module):
+    """A two-mode outcome is not averaged away: the plot has a point per finished run at its final return, beside its
+    row's IQM and CI; CleanRL's published figure is drawn as mean ± std, with no per-seed points made up."""
+    runs = tmp_path / "runs"
+    finals = {"01-baseline": [1400.0, 3300.0, 1500.0, 3800.0], "03-compile": [1450.0, 2900.0, 1420.0]}
+    for config, values in finals.items():
+        for seed, final in enumerate(values, 1):
+            fake_run(runs / "mujoco" / config / str(seed), "HalfCheetah-v4", 1000000, 1000, final)
+    configs = report_module.load(runs)["mujoco"]
+    fig = report_module.cleanrl_figure("mujoco", configs, report_module.CLEANRL["mujoco"])
+    strip = fig.axes[1]
+    dots = [c for c in strip.collections if isinstance(c, matplotlib.collections.PathCollection)]
+    points = sorted(y for collection in dots for _, y in collection.get_offsets())
+    assert points == sorted(v for values in finals.values() for v in values)
+    labels = [text.get_text() for text in strip.get_legend().get_texts()]
+    assert any("mean ± std of 3 seeds, no per-seed values published" in label for label in labels), labels
 
 
 def test_fastest_column_compares_the_same_agent(tmp_path):
@@ -707,9 +822,29 @@ def test_cleanrl_runs_outlast_the_machine_they_ran_on(tmp_path, report_module, m
     monkeypatch.setattr(sys, "argv", ["report.py", str(second), "--out", str(out), "--cleanrl"])
     report_module.main()
     text = page.read_text()
-    assert "| 490.0 ± 7.1 (n=2) | 1: 495.0, 2: 485.0 | 490.04 ± 6.12 | within | 1: 0.7 min at 5,000 steps," in text
+    assert "| 490.0 (n=2) | 1: 495.0, 2: 485.0 | 490.04 ± 6.12 | - | no verdict: " in text
+    assert "| 1: 0.7 min at 5,000 steps, 2: not reached | " in text
     assert "## dqn: CartPole-v1 (by an earlier page)\n\nkept\n" in text
     assert (out / "cleanrl_runs/classic/01-baseline/1/summary.json").exists()
+
+
+def test_cleanrl_page_written_again_from_its_record_alone(tmp_path, report_module, monkeypatch, capsys):
+    """`report.py doc/cleanrl_runs --cleanrl` writes the page from the record alone (a new run of CleanRL's file
+    converted into it, no sweep folder on this machine): the record is read as it is, each run keeping the day it
+    finished, not copied onto itself with the day of the checkout's files."""
+    out = tmp_path / "doc"
+    fake_run(tmp_path / "runs/classic/01-baseline/1", "CartPole-v1", 500000, 1000, 495.0)
+    monkeypatch.setattr(sys, "argv", ["report.py", str(tmp_path / "runs"), "--out", str(out), "--cleanrl"])
+    report_module.main()
+    record = out / report_module.RECORD
+    update_summary(record / "classic/01-baseline/1", finished_on="2026-01-02")
+    monkeypatch.setattr(sys, "argv", ["report.py", str(record), "--out", str(out), "--cleanrl"])
+    report_module.main()
+    assert json.loads((record / "classic/01-baseline/1/summary.json").read_text())["finished_on"] == "2026-01-02"
+    text = (out / "learning_cleanrl.md").read_text()
+    assert "- newest run: 2026-01-02, the day it finished or stopped" in text
+    today = datetime.date.today().isoformat()
+    assert f"{record} --cleanrl` on {today}, from the runs recorded in [cleanrl_runs/](cleanrl_runs/):" in text
 
 
 def test_the_record_of_a_run_is_written_the_same_in_every_process():

@@ -1,7 +1,8 @@
 """Turn run.sh's runs into the fps comparison: doc/fps_table.md, doc/fps.png and doc/returns_<family>.png; or, with
 --learning, into the learning evidence of `LEARN=1 bash run.sh`: doc/learning.md and doc/learning_<family>.png; or,
-with --cleanrl, into the runs of `CLEANRL=1 bash run.sh` beside CleanRL's published results: doc/learning_cleanrl.md
-and doc/cleanrl_<family>.png, from the record doc/cleanrl_runs/ that it keeps of every such run.
+with --cleanrl, into the runs of `CLEANRL=1 bash run.sh` beside CleanRL's published results and our runs of CleanRL's
+own file (leanrl/tools/cleanrl_reference.py): doc/learning_cleanrl.md and doc/cleanrl_<family>.png, from the
+record doc/cleanrl_runs/ that it keeps of every such run, with rliable's interval estimates.
 
     python leanrl/tools/report.py runs/bench --out doc
     python leanrl/tools/report.py runs/learn --out doc --learning
@@ -14,6 +15,7 @@ the machine could not run; the file says why, and the table says so.
 """
 
 import datetime
+import functools
 import json
 import os
 import statistics
@@ -25,9 +27,12 @@ from pathlib import Path
 from typing import Optional
 
 import matplotlib
+import numpy as np
 import tyro
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plumbing.py is in leanrl/, one up
+from cleanrl_reference import REFERENCE_SCRIPT
+
 import plumbing
 
 matplotlib.use("Agg")
@@ -73,6 +78,10 @@ CLEANRL = {
     "sac": Published("sac_continuous_action.py", "HalfCheetah-v4", 1_000_000, 9634.89, 1423.73, 174.8),
     "atari": Published("ppo_atari_envpool.py", "Breakout-v5", 10_000_000, 211.24, 151.84, 151.4),
 }
+CLEANRL_SEEDS = 3  # the seeds behind each figure of CleanRL's tables, whose per-seed values are not published
+MIN_RUNS = 3  # fewer finished runs give no interval: a bootstrap of one or two values estimates nothing
+# rliable's default is 50,000 resamples, a minute per page on 2 cores; 10,000 move a CI's ends by about 1% of its width
+BOOTSTRAP_REPS = 10_000
 
 
 @dataclass
@@ -505,21 +514,25 @@ def learning_table(configs: dict) -> list:
     return lines
 
 
-def plot_seed_returns(family: str, configs: dict, out: Path, name: str, reference) -> str:
-    """Returns against environment steps, a colour per configuration and a thin line per seed, with what `reference`
-    draws on the axes (a line to reach); saved as `out/name`."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+def draw_seed_returns(ax, family: str, configs: dict):
+    """Returns against environment steps, a colour per configuration and a thin line per seed."""
     for i, (config, c) in enumerate(configs.items()):
         for j, (_, rows) in enumerate(c.runs):
             pts = [(r["global_step"], r["episodic_return"]) for r in rows if r["episodic_return"] is not None]
-            label = column_name(config) if j == 0 else None
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=f"C{i}", alpha=0.7, lw=0.8, label=label)
-    reference(ax)
+            name = label(config, c).strip("`") if j == 0 else None
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=f"C{i}", alpha=0.7, lw=0.8, label=name)
     ax.set_xlabel("environment steps")
     ax.set_ylabel("episodic return (last 20 episodes)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
     ax.set_title(f"{family}: {first_summary(configs)['env_id']}, a line per seed")
+
+
+def plot_seed_returns(family: str, configs: dict, out: Path, name: str, reference) -> str:
+    """draw_seed_returns, with what `reference` draws on the axes (a line to reach); saved as `out/name`."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    draw_seed_returns(ax, family, configs)
+    reference(ax)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / name, dpi=100)
     plt.close(fig)
@@ -653,17 +666,79 @@ def in_progress(summary: dict) -> bool:
     return summary["interrupted"]
 
 
-def cleanrl_verdict(finals: list, published: Published) -> str:
-    """The rule in learning_cleanrl.md's caption: the mean final return of the finished runs against CleanRL's mean
-    ± 2 std."""
+def iqm_ci(finals: list) -> tuple:
+    """(IQM, low, high): the interquartile mean of the final returns and its 95% confidence interval, rliable's
+    percentile stratified bootstrap (one task: the runs are resampled), seeded so that the page reads the same each
+    time it is written."""
+    return bootstrap_iqm(tuple(finals), BOOTSTRAP_REPS)
+
+
+@functools.cache  # a row's interval is asked for its cell, its verdict and the plot: a bootstrap takes seconds
+def bootstrap_iqm(finals: tuple, reps: int) -> tuple:
+    from rliable import library, metrics  # pandas, seaborn and arch take seconds to import: the learning pages only
+
+    # rliable 1.2.0's StratifiedBootstrap draws from numpy's global generator, whatever random_state it is given
+    state = np.random.get_state()
+    np.random.seed(0)
+    try:
+        point, interval = library.get_interval_estimates(
+            {"runs": np.asarray(finals, dtype=float)[:, None]},
+            lambda scores: np.array([metrics.aggregate_iqm(scores)]),
+            reps=reps,
+        )
+    finally:
+        np.random.set_state(state)
+    return float(point["runs"][0]), float(interval["runs"][0, 0]), float(interval["runs"][1, 0])
+
+
+def cleanrl_verdict(finals: list, reference: Optional[list], published: Published, steps: int) -> str:
+    """The rule in learning_cleanrl.md's caption: the 95% CIs of the IQM of our finished runs and of CleanRL's file run
+    at the same budget, as we ran it (`reference`: its finished runs' final returns, None where it has not run).
+    Without that reference there is no verdict: CleanRL's tables give mean ± std, no per-seed values to bootstrap."""
     if not finals:
         return "no finished run yet"
-    mean = statistics.mean(finals)
-    if mean < published.mean - 2 * published.std:
-        return "below"
-    if mean > published.mean + 2 * published.std:
-        return "above"
-    return "within"
+    if reference is None:
+        if steps < published.steps:
+            return (
+                f"no verdict: CleanRL's figure is at {published.steps:,} steps, ours at {steps:,}, and no run of "
+                f"CleanRL's file at {steps:,}"
+            )
+        return "no verdict: CleanRL publishes no per-seed values"
+    if len(finals) < MIN_RUNS:
+        return f"no verdict: {len(finals)} finished runs, {MIN_RUNS} needed"
+    if len(reference) < MIN_RUNS:
+        return f"no verdict: {len(reference)} finished runs of CleanRL's file, {MIN_RUNS} needed"
+    _, low, high = iqm_ci(finals)
+    _, reference_low, reference_high = iqm_ci(reference)
+    if low > reference_high:
+        return "above: the CIs are apart"
+    if high < reference_low:
+        return "below: the CIs are apart"
+    return "no difference shown: the CIs overlap"
+
+
+def against_ci(finals: list, published: Published, steps: int) -> str:
+    """Where CleanRL's published mean (the IQM of its 3 seeds: a quarter of 3 rounds down to none trimmed) lies
+    against the CI of these runs: a fact beside the verdict, from MIN_RUNS finished runs on, at CleanRL's budget."""
+    if len(finals) < MIN_RUNS or steps != published.steps:
+        return "-"
+    _, low, high = iqm_ci(finals)
+    if published.mean < low:
+        return "below it"
+    if published.mean > high:
+        return "above it"
+    return "inside"
+
+
+def iqm_cell(finals: list, brief: bool = False) -> str:
+    """`IQM [low, high] (n=N)`; the IQM alone under MIN_RUNS runs. `brief`: `(N)`, for the README."""
+    if not finals:
+        return "-"
+    n = f"({len(finals)})" if brief else f"(n={len(finals)})"
+    if len(finals) < MIN_RUNS:
+        return f"{iqm_ci(finals)[0]:.1f} {n}"
+    iqm, low, high = iqm_ci(finals)
+    return f"{iqm:.1f} [{low:.1f}, {high:.1f}] {n}"
 
 
 def minutes(seconds: float) -> str:
@@ -679,37 +754,53 @@ def finished_finals(config: Config) -> list:
     return [s["final_return"] for s, _ in config.runs if not in_progress(s) and s["final_return"] is not None]
 
 
+def budget_of(config: Config) -> int:
+    return max(s["total_timesteps"] for s, _ in config.runs)
+
+
 def our_steps(configs: dict) -> int:
-    return max(s["total_timesteps"] for c in configs.values() for s, _ in c.runs)
+    """The family's budget: that of our runs, or of CleanRL's file's where the family has no run of ours yet."""
+    ours = [c for c in configs.values() if c.runs and not is_reference(c)]
+    return max(budget_of(c) for c in ours or [c for c in configs.values() if c.runs])
 
 
 def cleanrl_cell(published: Published) -> str:
     return f"{published.mean:.2f} ± {published.std:.2f}"
 
 
-def family_verdict(config: Config, published: Published, steps: int) -> str:
-    """The verdict, and where the runs stop short of CleanRL's budget, that it is a lower bound."""
-    verdict = cleanrl_verdict(finished_finals(config), published)
-    if steps < published.steps and finished_finals(config):
-        verdict += f" (a lower bound: {steps:,} of {published.steps:,} steps)"
-    return verdict
+def is_reference(config: Config) -> bool:
+    """A configuration of runs of CleanRL's own file (leanrl/tools/cleanrl_reference.py), not of ours."""
+    return bool(config.runs) and all(s["script"].startswith(REFERENCE_SCRIPT) for s, _ in config.runs)
+
+
+def reference_finals(configs: dict, steps: int) -> Optional[list]:
+    """The finished runs' final returns of our runs of CleanRL's file at `steps`; None where it has not run."""
+    found = [c for c in configs.values() if is_reference(c) and budget_of(c) == steps]
+    return [final for c in found for final in finished_finals(c)] if found else None
+
+
+def label(name: str, config: Config) -> str:
+    return "CleanRL's file, our run" if is_reference(config) else f"`{column_name(name)}`"
 
 
 def cleanrl_table(configs: dict, published: Published) -> list:
-    """Per configuration: the final returns of the finished runs beside CleanRL's, the verdict, each seed's wall time
-    and env step to CleanRL's mean, and its wall time in all."""
+    """Per configuration: the IQM and CI of the finished runs' final returns, each seed's, CleanRL's published figure
+    and where it lies against the CI, the verdict against our runs of CleanRL's file, each seed's wall time and env step
+    to CleanRL's mean, and its wall time in all."""
     head = [
         "configuration",
         "script",
-        "final return (mean ± std of the finished runs)",
+        "final return: IQM [95% CI] (finished runs)",
         "each seed (seed: final return)",
-        "CleanRL (mean ± std)",
+        f"CleanRL (mean ± std, {CLEANRL_SEEDS} seeds)",
+        "CleanRL's mean against this row's CI",
         "verdict",
         f"time to {published.mean:.2f} (seed: wall time at env step)",
         "wall time (each seed)",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---|---:|---|---|---|"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---|---:|---|---|---|---|"]
     steps = our_steps(configs)
+    reference = reference_finals(configs, steps)
     for name, c in configs.items():
         if not c.runs:
             continue
@@ -728,12 +819,13 @@ def cleanrl_table(configs: dict, published: Published) -> list:
             walls.append(f"{s['seed']}: {minutes(elapsed(rows))}{mark}" if rows else f"{s['seed']}: -")
         finals = finished_finals(c)
         cells = [
-            f"`{column_name(name)}`",
+            label(name, c),
             ", ".join(sorted({f"`{s['script']}`" for s, _ in c.runs})),
-            mean_spread(finals),
+            iqm_cell(finals),
             ", ".join(seeds_cells),
             cleanrl_cell(published),
-            family_verdict(c, published, steps),
+            against_ci(finals, published, steps),
+            "the reference" if is_reference(c) else cleanrl_verdict(finals, reference, published, steps),
             ", ".join(times),
             ", ".join(walls),
         ]
@@ -741,15 +833,53 @@ def cleanrl_table(configs: dict, published: Published) -> list:
     return lines
 
 
+def cleanrl_figure(family: str, configs: dict, published: Published):
+    """Left, the returns of every seed below CleanRL's final mean (dashed) and its ± std (shaded). Right, a point per
+    finished run at its final return (two modes stay two clusters), each row's IQM (a bar) and 95% CI (a line), and
+    CleanRL's published mean ± std, which has no per-seed values to show."""
+    fig, (curves, strip) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw=dict(width_ratios=[3, 2]))
+    draw_seed_returns(curves, family, configs)
+    published_label = f"CleanRL's {published.script} at {published.steps:,} steps: {cleanrl_cell(published)}"
+    curves.axhline(published.mean, color="black", ls="--", lw=0.8, label=published_label)
+    curves.axhspan(published.mean - published.std, published.mean + published.std, color="grey", alpha=0.2)
+    curves.legend(fontsize=7)
+    names = []
+    for i, (name, c) in enumerate(configs.items()):  # the colours of the curves
+        finals = finished_finals(c)
+        names.append(label(name, c).strip("`").replace(", ", ",\n"))
+        if not finals:
+            continue
+        spread = np.linspace(-0.15, 0.15, len(finals)) if len(finals) > 1 else np.zeros(1)
+        strip.scatter(i + spread, finals, s=14, color=f"C{i}", alpha=0.8, zorder=3)
+        iqm = iqm_ci(finals)
+        strip.hlines(iqm[0], i - 0.3, i + 0.3, color="black", lw=1.5, zorder=4)
+        if len(finals) >= MIN_RUNS:
+            strip.vlines(i + 0.25, iqm[1], iqm[2], color="black", lw=1.0, zorder=4)
+    strip.errorbar(
+        len(names),
+        published.mean,
+        yerr=published.std,
+        fmt="D",
+        mfc="none",
+        color="black",
+        capsize=4,
+        label=f"CleanRL: mean ± std of {CLEANRL_SEEDS} seeds, no per-seed values published",
+    )
+    strip.set_xticks(range(len(names) + 1), names + ["CleanRL\n(published)"], fontsize=7)
+    strip.set_ylabel("final return (last 20 episodes)")
+    strip.set_title("each run's final return; bar: IQM, line: its 95% CI", fontsize=9)
+    strip.grid(alpha=0.3, axis="y")
+    strip.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
 def plot_cleanrl(family: str, configs: dict, published: Published, out: Path) -> str:
-    """The returns below CleanRL's final mean (dashed) and its ± std (shaded)."""
-
-    def cleanrl(ax):
-        label = f"CleanRL's {published.script} at {published.steps:,} steps: {cleanrl_cell(published)}"
-        ax.axhline(published.mean, color="black", ls="--", lw=0.8, label=label)
-        ax.axhspan(published.mean - published.std, published.mean + published.std, color="grey", alpha=0.2)
-
-    return plot_seed_returns(family, configs, out, f"cleanrl_{family}.png", cleanrl)
+    name = f"cleanrl_{family}.png"
+    fig = cleanrl_figure(family, configs, published)
+    fig.savefig(out / name, dpi=100)
+    plt.close(fig)
+    return name
 
 
 def short_steps(steps: int) -> str:
@@ -757,7 +887,8 @@ def short_steps(steps: int) -> str:
 
 
 def readme_lines(data: dict) -> list:
-    """The README's table: per family CleanRL's result, ours with --compile and without, and the median time to
+    """The README's table: per family CleanRL's published result (and our runs of CleanRL's file, where there are
+    some), ours with --compile and without (IQM [95% CI] (runs), the verdict's first words), and the median time to
     CleanRL's mean over the seeds that reached it."""
     lines = [
         "| family | CleanRL | ours (compile) | ours (baseline) | time to CleanRL's score |",
@@ -767,18 +898,25 @@ def readme_lines(data: dict) -> list:
     for family, configs in data.items():
         published = CLEANRL[family]
         steps = our_steps(configs)
+        reference = reference_finals(configs, steps)
         budget_cell = short_steps(steps)
         if steps < published.steps:
             budget_cell += f" of CleanRL's {short_steps(published.steps)}"
-        cells = [f"{family} ({first_summary(configs)['env_id']}, {budget_cell})", cleanrl_cell(published)]
+        cleanrl = cleanrl_cell(published)
+        if reference is not None:
+            cleanrl += f"; its file, our run: {iqm_cell(reference, brief=True) if reference else 'in progress'}"
+        cells = [f"{family} ({first_summary(configs)['env_id']}, {budget_cell})", cleanrl]
         times = []
-        for name in ("03-compile", "01-baseline"):
+        files = [name for name, c in configs.items() if is_reference(c) and budget_of(c) == steps]
+        for name in files[:1] + ["03-compile", "01-baseline"]:
             c = configs.get(name)
             if c is None or not c.runs:
                 cells.append("not run")
                 continue
             finals = finished_finals(c)
-            cells.append(f"{mean_spread(finals)}, {cleanrl_verdict(finals, published)}" if finals else "in progress")
+            if not is_reference(c):
+                verdict = cleanrl_verdict(finals, reference, published, steps).partition(":")[0]
+                cells.append(f"{iqm_cell(finals, brief=True)}, {verdict}" if finals else "in progress")
             seconds = [time_to_score(rows, published.mean)[1] for _, rows in c.runs]
             reached = [t for t in seconds if t is not None]
             mark = shared_clock(c.runs[0][0])
@@ -808,9 +946,11 @@ def cleanrl_report(args: Args, data: dict):
     lines = [
         "# Learning at CleanRL's budgets, beside CleanRL's published results",
         "",
-        f"Written by `python leanrl/tools/report.py {args.runs} --cleanrl` (the last step of `CLEANRL=1 bash run.sh`) "
-        f"on {today}, from the runs recorded in [{RECORD}/]({RECORD}/) (the runs under {args.runs}, and those an "
-        "earlier sitting recorded):",
+        f"Written by `python leanrl/tools/report.py {args.runs} --cleanrl`"
+        + ("" if from_record(args) else " (the last step of `CLEANRL=1 bash run.sh`)")
+        + f" on {today}, from the runs recorded in [{RECORD}/]({RECORD}/)"
+        + ("" if from_record(args) else f" (the runs under {args.runs}, and those an earlier sitting recorded)")
+        + ":",
         "",
         f"- commit: {wrote}, the checkout that wrote this page",
         f"- machines: {hardware(ran)}",
@@ -821,17 +961,30 @@ def cleanrl_report(args: Args, data: dict):
     if kept:
         lines.append(
             f"- kept from the page before, with no recorded runs: {', '.join(kept)} (the section says where and when "
-            "its runs ran)"
+            "its runs ran; its table, verdict included, is as that page wrote it)"
         )
     lines += [
         "",
-        "CleanRL: the final episodic return (mean ± std over CleanRL's seeds) and the runtime of one run on CleanRL's "
-        "machine, from CleanRL's benchmark tables (openrlbenchmark, the runs tagged pr-424). "
+        f"CleanRL: the final episodic return (mean ± std over CleanRL's {CLEANRL_SEEDS} seeds) and the runtime of one "
+        "run on CleanRL's machine, from CleanRL's benchmark tables (openrlbenchmark, the runs tagged pr-424), which "
+        "publish no per-seed values. CleanRL's file, our run: CleanRL's own script at its defaults, run by "
+        "`leanrl/tools/cleanrl_reference.py` on a machine of ours (the section names it), a row like ours. "
         "Final return: the mean episodic return of the last 20 episodes when the run ended (summary.json's "
-        "`final_return`). "
-        "Verdict: `within` when the mean final return of our finished runs lies within CleanRL's mean ± 2 std (ends "
-        "included), otherwise `below` or `above`. A run stopped before its budget shows `in progress at step N` and "
-        "is left out of the verdict; the next `CLEANRL=1 bash run.sh` resumes it. "
+        "`final_return`). Each row gives the interquartile mean (IQM) of its finished runs' final returns, the mean of "
+        "their middle half, which one run far off moves less than it moves the mean, and the IQM's 95% confidence "
+        f"interval, a stratified bootstrap (rliable, {BOOTSTRAP_REPS:,} resamples, seed 0), as Agarwal et al. (2021, "
+        f'"Deep RL at the Edge of the Statistical Precipice") advise for few runs. The CI needs {MIN_RUNS} finished '
+        "runs; with fewer, the row gives the IQM alone. Of 3 runs the IQM is the mean (a quarter of 3 rounds down to "
+        "none left out), so CleanRL's published mean is its IQM. The plot beside each table has a point per run at "
+        "its final return: runs in two modes show as two clusters, not as one mean between them. "
+        "CleanRL's mean against this row's CI: `inside`, `below it` or `above it`, a fact and not a verdict (the CI "
+        "of CleanRL's own seeds is not known). "
+        "Verdict: against our runs of CleanRL's file at the same budget, `above` or `below` where the two 95% "
+        "CIs are apart, `no difference shown` where they overlap (touching ends included): with a few seeds an "
+        "overlap is no proof that the two match. `no verdict` without that reference (a published mean ± std has no "
+        "per-seed values to bootstrap, and a figure at another budget says nothing of ours) or with fewer than "
+        f"{MIN_RUNS} finished runs on either side. A run stopped before its budget shows `in progress at step N` and "
+        "is left out; the next `CLEANRL=1 bash run.sh` resumes it. "
         "Time to CleanRL's score: per seed, the wall time (compiling included) and the env step at which the logged "
         "episodic return (the same mean of the last 20 episodes) first reaches CleanRL's mean; a run stopped and "
         "resumed counts the time of each of its processes, not the pauses between them.",
@@ -849,10 +1002,16 @@ def cleanrl_report(args: Args, data: dict):
         lines += [f"## {family}: {published.env_id} (CleanRL's {published.script})", ""]
         runtime = f"{published.minutes} min a run on CleanRL's machine" if published.minutes else "not published"
         lines += [f"Steps per run: ours {ours:,}, CleanRL's {published.steps:,}. CleanRL's runtime: {runtime}.", ""]
-        if ours < published.steps:
+        if ours < published.steps and reference_finals(configs, ours) is None:
             lines += [
-                f"Our runs stop at {ours:,} steps: the verdict compares a shorter run against CleanRL's "
-                f"{published.steps:,}-step figure, a lower bound of what they would reach at CleanRL's budget.",
+                f"Our runs stop at {ours:,} steps: CleanRL's {published.steps:,}-step figure cannot judge them, and no "
+                f"run of CleanRL's file at {ours:,} steps is here to: no verdict.",
+                "",
+            ]
+        for s, _ in next((c.runs for c in configs.values() if is_reference(c)), [])[:1]:
+            lines += [
+                f"CleanRL's file, our run: `{s['script']}`, run by `leanrl/tools/cleanrl_reference.py` on {s['cpu']}, "
+                f"gymnasium {s['gymnasium']}, MuJoCo {s['mujoco']}, torch {s['torch']}; ours on envpool.",
                 "",
             ]
         lines += cleanrl_table(configs, published)
@@ -866,6 +1025,11 @@ def cleanrl_report(args: Args, data: dict):
     write_keeping_notes(page, lines)
     print(f"wrote {page} and the CleanRL plots; the README's lines:\n")
     print("\n".join(readme_lines(ran)))
+
+
+def from_record(args: Args) -> bool:
+    """--cleanrl given the record itself (doc/cleanrl_runs): the page is written again from it as it is."""
+    return args.runs.resolve() == (args.out / RECORD).resolve()
 
 
 def main():
@@ -882,7 +1046,8 @@ def main():
     runs = args.runs
     if args.cleanrl:
         runs = args.out / RECORD
-        record_runs(args.runs, runs)
+        if not from_record(args):
+            record_runs(args.runs, runs)
         runs.mkdir(exist_ok=True)
     data = load(runs)
     if not any(cfg.runs for configs in data.values() for cfg in configs.values()):
