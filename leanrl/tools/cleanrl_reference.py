@@ -8,7 +8,8 @@ environment of the runs on learning_cleanrl.md:
 
     python -m venv /tmp/cleanrl && /tmp/cleanrl/bin/pip install torch==2.13.0 \
         --index-url https://download.pytorch.org/whl/cpu
-    /tmp/cleanrl/bin/pip install gymnasium==1.4.0 mujoco==2.3.3 numpy==2.4.6 tyro==1.0.17 tensorboard==2.21.0
+    /tmp/cleanrl/bin/pip install gymnasium==1.4.0 mujoco==2.3.3 numpy==2.4.6 tyro==1.0.17 tensorboard==2.21.0 \
+        imageio==2.38.2
 
     python leanrl/tools/cleanrl_reference.py run --python /tmp/cleanrl/bin/python --core 0 --seeds 1 2 3 4 5
     python leanrl/tools/cleanrl_reference.py convert runs/cleanrl_ref/mujoco --python /tmp/cleanrl/bin/python
