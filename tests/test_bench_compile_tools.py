@@ -1,0 +1,63 @@
+"""The compile-time tools in leanrl/tools/: bench_guards.py (what skipping guard checks buys per unit) and
+bench_cold_compile.py (where a cold --compile start spends its time). Their arithmetic and bad input only: the
+timings themselves belong in doc/, not in a test."""
+
+import functools
+import sys
+
+import torch
+
+from conftest import ROOT, assert_user_error, run_command
+
+sys.path.insert(0, str(ROOT / "leanrl" / "tools"))
+import bench_cold_compile  # noqa: E402
+import bench_guards  # noqa: E402
+
+
+def test_guards_alternate_after_warmup_and_each_call_runs():
+    """After its warm-up calls a unit alternates checked and skipped calls, every call still returning the compiled
+    function's result, so that a run under the tool trains as it would without it."""
+    seen = []
+
+    def compiled(x):
+        seen.append(x)
+        return x * 2
+
+    unit = bench_guards.Timed(compiled, "unit")
+    out = [unit(i) for i in range(bench_guards.WARMUP + 6)]
+    assert out == [2 * i for i in range(bench_guards.WARMUP + 6)]
+    assert seen == list(range(bench_guards.WARMUP + 6))
+    assert len(unit.times[True]) == len(unit.times[False]) == 3
+
+
+def test_guards_tool_names_a_partial_by_its_function():
+    def update(a, b):
+        return a + b
+
+    partial = functools.partial(update, 1)
+    assert bench_guards.name_of(partial) == "test_guards_tool_names_a_partial_by_its_function.<locals>.update"
+    assert bench_guards.name_of(torch.nn.Linear(2, 2).forward) == "Linear.forward"
+
+
+def test_cold_compile_phases_split_torchs_counters():
+    """Dynamo's time is its compile less the backend's; AOTAutograd's the backend less Inductor's, computed here by
+    hand from made-up counters, before and after a unit's first call."""
+    before = {"_compile.compile_inner": 1.0, "compile_file": 0.5}
+    after = {
+        "_compile.compile_inner": 11.0,
+        "OutputGraph.call_user_compiler": 8.0,
+        "fx_codegen_and_compile": 6.5,
+        "GraphLowering.run": 2.0,
+        "GraphLowering.codegen": 1.0,
+        "GraphLowering.compile_to_module": 3.0,
+        "compile_file": 4.0,
+    }
+    phases = bench_cold_compile.phases(before, after)
+    assert phases == {"dynamo": 2.0, "aot": 1.5, "lowering": 2.0, "codegen": 1.0, "build": 3.0, "c++": 3.5}
+
+
+def test_cold_compile_refuses_an_unknown_family_or_option_set(tmp_path):
+    tool = ROOT / "leanrl" / "tools" / "bench_cold_compile.py"
+    for flags, word in ((["--families", "nope"], "nope"), (["--options", "fast"], "fast")):
+        proc = run_command([sys.executable, tool, *flags, "--out", tmp_path], timeout=120)
+        assert_user_error(proc, word)
