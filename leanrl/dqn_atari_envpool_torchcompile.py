@@ -375,6 +375,9 @@ def main(args: Args):
         update_target, list(q_network.parameters()), list(target_network.parameters()), args.tau
     )
     if args.compile:
+        # the vector ISA the CPU reports (ATen's own check), not a test program compiled per candidate ISA: most of a
+        # cold start's fixed cost on a CPU (doc/compile.md); CUDA kernels do not use it
+        torch._inductor.config.cpp.vec_isa_ok = True
         # the convolutions dominate: no options (max_autotune would tune for minutes)
         policy = torch.compile(policy)
         td_update = torch.compile(td_update)

@@ -323,6 +323,9 @@ def main(args: Args):
         update_target, list(q_network.parameters()), list(target_network.parameters()), args.tau
     )
     if args.compile:
+        # the vector ISA the CPU reports (ATen's own check), not a test program compiled per candidate ISA: most of a
+        # cold start's fixed cost on a CPU (doc/compile.md); CUDA kernels do not use it
+        torch._inductor.config.cpp.vec_isa_ok = True
         # a CPU call costs its overhead, not its arithmetic: C++ wrapper code instead of Python; on CUDA no options
         options = dict(cpp_wrapper=True) if device.type == "cpu" else None
         if device.type == "cuda":

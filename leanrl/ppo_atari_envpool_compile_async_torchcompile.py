@@ -467,6 +467,10 @@ def main(args: Args):
     acts = [functools.partial(policy, agent_inference) for _ in pools]
     compute_gae = functools.partial(gae, agent_inference, gamma=args.gamma, gae_lambda=args.gae_lambda)
     update_minibatch = functools.partial(update, agent, optimizer, args)
+    if args.compile:
+        # the vector ISA the CPU reports (ATen's own check), not a test program compiled per candidate ISA: most of a
+        # cold start's fixed cost on a CPU (doc/compile.md); CUDA kernels do not use it
+        torch._inductor.config.cpp.vec_isa_ok = True
     if args.compile and not args.compile_async:
         acts = [torch.compile(act) for act in acts]
         compute_gae = torch.compile(compute_gae)

@@ -487,6 +487,9 @@ def main(args: Args):
     compute_gae = functools.partial(gae, agent_inference, gamma=args.gamma, gae_lambda=args.gae_lambda)
     update_minibatch = functools.partial(update, agent, optimizer, args)
     if args.compile:
+        # the vector ISA the CPU reports (ATen's own check), not a test program compiled per candidate ISA: most of a
+        # cold start's fixed cost on a CPU (doc/compile.md); CUDA kernels do not use it
+        torch._inductor.config.cpp.vec_isa_ok = True
         # on a CPU the policy step stays eager: int8 modules run prepacked kernels eagerly; a compiled bf16 step ran
         # slower unfrozen (oneDNN reorders the weights every call), and freezing bakes them in (a recompile per rebuild)
         if device.type == "cuda":

@@ -344,6 +344,9 @@ def main(args: Args):
     compute_gae = functools.partial(gae, agent_inference, gamma=args.gamma, gae_lambda=args.gae_lambda)
     update_minibatch = functools.partial(update, agent, optimizer, args)
     if args.compile:
+        # the vector ISA the CPU reports (ATen's own check), not a test program compiled per candidate ISA: most of a
+        # cold start's fixed cost on a CPU (doc/compile.md); CUDA kernels do not use it
+        torch._inductor.config.cpp.vec_isa_ok = True
         acts = [torch.compile(act) for act in acts]
         compute_gae = torch.compile(compute_gae)
         update_minibatch = torch.compile(update_minibatch)

@@ -636,6 +636,9 @@ def main(args: Args):
     get_value = functools.partial(members_call, agent.critic, part(inference, "critic"))
     update_minibatch = functools.partial(update, agent, params, optimizer, coefs, args)
     if args.compile:
+        # the vector ISA the CPU reports (ATen's own check), not a test program compiled per candidate ISA: most of a
+        # cold start's fixed cost on a CPU (doc/compile.md); CUDA kernels do not use it
+        torch._inductor.config.cpp.vec_isa_ok = True
         # default options: on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
         if not numpy_act:  # in torch, on the host too
             normalize = torch.compile(normalize)

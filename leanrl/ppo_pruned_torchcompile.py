@@ -549,6 +549,9 @@ def main(args: Args):
     get_value = agent_inference.get_value
     update_minibatch = functools.partial(update, agent, optimizer, args)
     if args.compile:
+        # the vector ISA the CPU reports (ATen's own check), not a test program compiled per candidate ISA: most of a
+        # cold start's fixed cost on a CPU (doc/compile.md); CUDA kernels do not use it
+        torch._inductor.config.cpp.vec_isa_ok = True
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
         # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
         # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers

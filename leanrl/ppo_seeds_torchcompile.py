@@ -476,6 +476,9 @@ def main(args: Args):
     get_value = functools.partial(members_call, agent.critic, part(inference, "critic"))
     update_minibatch = functools.partial(update, agent, params, optimizer, coefs, args)
     if args.compile:
+        # the vector ISA the CPU reports (ATen's own check), not a test program compiled per candidate ISA: most of a
+        # cold start's fixed cost on a CPU (doc/compile.md); CUDA kernels do not use it
+        torch._inductor.config.cpp.vec_isa_ok = True
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python on
         # a CPU (the base's max_autotune fails to compile the members' batched GEMMs in torch 2.13's inductor)
         options = dict(cpp_wrapper=True) if device.type == "cpu" else {}

@@ -356,6 +356,9 @@ def main(args: Args):
     actor_step = functools.partial(update_actor, actor, qnet, q_params, actor_optimizer, args)
     targets_step = functools.partial(update_targets, target_actor, q_target, actor, q_params, args.tau)
     if args.compile:
+        # the vector ISA the CPU reports (ATen's own check), not a test program compiled per candidate ISA: most of a
+        # cold start's fixed cost on a CPU (doc/compile.md); CUDA kernels do not use it
+        torch._inductor.config.cpp.vec_isa_ok = True
         policy = torch.compile(policy)
         critic_step = torch.compile(critic_step)
         actor_step = torch.compile(actor_step)
