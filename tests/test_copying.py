@@ -1,8 +1,11 @@
-"""doc/copying.md's copy of the one-graph update and its compile block into CleanRL's ppo.py
-(doc/copying/ppo_update.patch): it applies to today's ppo.py, and the copy trains as ppo.py does (its autograd step,
-the independent reference), so the speed bench_copy.py measures is the speed of the same training."""
+"""doc/copying.md's copies of the one-graph update and its compile block into CleanRL's files (doc/copying/
+ppo_update.patch into ppo.py, ppo_continuous_update.patch into ppo_continuous_action.py): each applies to today's
+baseline, pastes the torchcompile script's units as they are, and the copy trains as the baseline does (its autograd
+step, the independent reference), so the speed bench_copy.py measures is the speed of the same training."""
 
+import ast
 import os
+import re
 import sys
 
 import pytest
@@ -15,22 +18,61 @@ import bench_copy  # noqa: E402
 
 TINY = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2"]
 TINY += ["--total-timesteps", "128", "--seed", "3"]
+# HalfCheetah is chaotic: the update's rounding (parameters 1e-8 apart after one iteration) moves the next rollout's
+# losses by ~1%; Reacher's damped arm keeps the two runs at rounding
+FLAGS = {
+    "ppo": TINY,
+    "ppo_continuous_action": ["--env-id", "Reacher-v4", "--num-envs", "1", "--num-steps", "64", *TINY[4:]],
+}
 LOSSES = ("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
+UNITS = ("ppo_loss", "update", "make_optimizer", "adam_step", "Agent.forward")
 
 
-def test_the_copied_update_trains_as_ppo_py(tmp_path):
-    copied = bench_copy.copy_script(tmp_path / "copy")
+def units(text: str) -> dict:
+    """The module's functions and Agent's methods by name, as code: their ASTs without the docstrings."""
+    tree = ast.parse(text)
+    nodes = [(n.name, n) for n in tree.body if isinstance(n, ast.FunctionDef)]
+    for agent in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Agent"):
+        nodes += [(f"Agent.{n.name}", n) for n in agent.body if isinstance(n, ast.FunctionDef)]
+    found = {}
+    for name, node in nodes:
+        if ast.get_docstring(node) is not None:
+            node.body = node.body[1:]
+        found[name] = ast.dump(node)
+    return found
+
+
+@pytest.mark.parametrize("family", sorted(bench_copy.FAMILIES))
+def test_the_patch_pastes_the_scripts_units_as_they_are(tmp_path, family):
+    """The functions a patch pastes are the torchcompile script's (docstrings aside), and so are the compile call, its
+    options and the minibatch loop's set_stance line: a change to the script that the patch misses fails here."""
+    ours = (ROOT / "leanrl" / bench_copy.FAMILIES[family].ours).read_text()
+    copied = bench_copy.copy_script(tmp_path, family).read_text()
+    theirs, mine = units(copied), units(ours)
+    for name in UNITS:
+        assert theirs[name] == mine[name], name
+    lines = {line.strip() for line in copied.splitlines()}
+    block = re.compile(r"options = |update_minibatch = torch\.compile\(|set_stance\(skip_guard_eval_unsafe")
+    wanted = [line.strip() for line in ours.splitlines() if block.search(line)]
+    assert any("set_stance" in line for line in wanted) and any("torch.compile" in line for line in wanted)
+    assert [line for line in wanted if line not in lines] == []
+
+
+@pytest.mark.parametrize("family", sorted(bench_copy.FAMILIES))
+def test_the_copied_update_trains_as_the_baseline(tmp_path, family):
+    copied = bench_copy.copy_script(tmp_path / "copy", family)
     text = copied.read_text()
     assert "def adam_step(" in text and "update_minibatch = torch.compile(update_minibatch" in text
     env = dict(os.environ, PYTHONPATH=str(ROOT / "leanrl"))
     rows = {}
-    for name, script in (("ppo", ROOT / "leanrl" / "ppo.py"), ("copy", copied)):
+    for name, script in (("baseline", ROOT / "leanrl" / bench_copy.FAMILIES[family].baseline), ("copy", copied)):
         log_dir = tmp_path / name
-        proc = run_command([sys.executable, script, *TINY, "--log-dir", log_dir], tmp_path / f"{name}.out", 300, env)
+        cmd = [sys.executable, script, *FLAGS[family], "--log-dir", log_dir]
+        proc = run_command(cmd, tmp_path / f"{name}.out", 300, env)
         assert proc.returncode == 0, proc.stderr
         rows[name] = read_metrics(log_dir)
-    assert len(rows["ppo"]) == len(rows["copy"]) == 2
-    for ours, theirs in zip(rows["copy"], rows["ppo"]):
+    assert len(rows["baseline"]) == len(rows["copy"]) == 2
+    for ours, theirs in zip(rows["copy"], rows["baseline"]):
         assert ours["lr"] == pytest.approx(theirs["lr"])  # CleanRL's annealing, in place
         for key in LOSSES:
             assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
