@@ -4,12 +4,16 @@ baseline, pastes the torchcompile script's units as they are, and the copy train
 step, the independent reference), so the speed bench_copy.py measures is the speed of the same training."""
 
 import ast
+import importlib.util
 import os
 import re
 import sys
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
+import torch.nn as nn
 
 from conftest import ROOT, read_metrics, run_command
 
@@ -106,3 +110,72 @@ def test_cleanrl_float_lr_line_trains_as_eager_under_compile(tmp_path):
             assert row[key] == pytest.approx(reference[key], rel=1e-4, abs=1e-6), (row["iteration"], key)
     for key, value in states["ppo"].items():
         torch.testing.assert_close(states["copy"][key], value, rtol=1e-4, atol=1e-6, msg=key)
+
+
+def guide_function(name: str):
+    """The function `name` as doc/copying.md writes it: its Python block, run."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "doc" / "copying.md").read_text(), re.S)
+    (code,) = [b for b in blocks if f"def {name}(" in b]
+    namespace = dict(np=np, nn=nn, torch=torch)
+    exec(code, namespace)
+    return namespace[name]
+
+
+def cleanrl_env(gamma: float):
+    """CleanRL's make_env wrappers (gymnasium 1.4's API), around Pendulum-v1: a continuous env without MuJoCo."""
+    env = gym.make("Pendulum-v1")
+    env = gym.wrappers.FlattenObservation(env)
+    env = gym.wrappers.RecordEpisodeStatistics(env)
+    env = gym.wrappers.ClipAction(env)
+    env = gym.wrappers.NormalizeObservation(env)
+    env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
+    env = gym.wrappers.NormalizeReward(env, gamma=gamma)
+    return gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
+
+
+def test_the_guides_gaussian_acting_behind_gymnasiums_wrappers(tmp_path):
+    """doc/copying.md's numpy Gaussian policy acting in CleanRL's wrapped envs (the wrappers normalize; the policy step
+    is what changes): each action is actor_mean's torch output plus the step's row of the rollout's noise; the
+    batched Agent.forward afterwards gives the log-probs and values CleanRL's per-step get_action_and_value gives for
+    the same actions; an optimizer step is seen without a copy."""
+    policy_of = guide_function("numpy_gaussian_policy")
+    copied = bench_copy.copy_script(tmp_path, "ppo_continuous_action")  # the user's Agent: CleanRL's, plus forward
+    spec = importlib.util.spec_from_file_location("ppo_continuous_action_copied", copied)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    steps, num_envs = 48, 2
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: cleanrl_env(0.99)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    torch.manual_seed(1)
+    n_obs, n_actions = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    agent = module.Agent(n_obs, n_actions)
+    with torch.no_grad():
+        agent.actor_logstd.fill_(-0.5)  # a std other than 1
+    policy = policy_of(agent.actor_mean)
+    obs = np.empty((steps, num_envs, n_obs), np.float32)
+    actions = np.empty((steps, num_envs, n_actions), np.float32)
+    with torch.no_grad():
+        noise = (agent.actor_logstd.exp() * torch.randn(actions.shape)).numpy()
+    next_obs, _ = envs.reset(seed=1)
+    for step in range(steps):
+        obs[step] = next_obs
+        actions[step] = policy(next_obs, noise[step])
+        with torch.no_grad():
+            mean = agent.actor_mean(torch.Tensor(next_obs))
+        torch.testing.assert_close(torch.from_numpy(actions[step]), mean + torch.from_numpy(noise[step]))
+        next_obs, *_ = envs.step(actions[step])
+    with torch.no_grad():
+        logprobs, _, values = agent(torch.from_numpy(obs), torch.from_numpy(actions))
+        for step in range(steps):
+            x, a = torch.from_numpy(obs[step]), torch.from_numpy(actions[step])
+            _, logprob, _, value = agent.get_action_and_value(x, a)
+            torch.testing.assert_close(logprobs[step], logprob)
+            torch.testing.assert_close(values[step], value.flatten())
+    envs.close()
+    optimizer = torch.optim.Adam(agent.parameters(), lr=0.1)
+    agent.actor_mean(torch.from_numpy(obs[0])).square().sum().backward()
+    optimizer.step()
+    with torch.no_grad():
+        mean = agent.actor_mean(torch.from_numpy(obs[0]))
+    torch.testing.assert_close(torch.from_numpy(policy(obs[0], np.zeros(n_actions, np.float32))), mean)
