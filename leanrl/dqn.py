@@ -96,6 +96,8 @@ class Args:
 
 def check_args(args: Args) -> Optional[dict]:
     """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    # the env first: a refused env makes every other flag moot
+    plumbing.check_env_id(args.env_id, "classic", "dqn")
     plumbing.positive(
         args, "total_timesteps", "buffer_size", "target_network_frequency", "batch_size", "train_frequency", "log_every"
     )
@@ -114,7 +116,6 @@ def check_args(args: Args) -> Optional[dict]:
         )
     if args.cudagraphs and args.cuda and torch.cuda.is_available():
         plumbing.fail("--cudagraphs: dqn.py is the eager baseline; CUDA graphs need the units of dqn_torchcompile.py")
-    plumbing.check_env_id(args.env_id, "classic", "dqn")
     # the replay buffer: float32 observation and next observation, an int64 action, reward and done per transition
     n_obs = plumbing.spaces(args.env_id)[0]
     plumbing.check_memory(args, "classic", replay_buffer=args.buffer_size * (2 * n_obs * 4 + 16))

@@ -145,6 +145,8 @@ class Args:
 
 def check_args(args: Args) -> Optional[dict]:
     """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    # the env first: a refused env makes every other flag moot
+    plumbing.check_env_id(args.env_id, "atari", "ppo")
     plumbing.positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_seeds")
     if args.target_kl is not None:
         plumbing.fail(
@@ -159,7 +161,6 @@ def check_args(args: Args) -> Optional[dict]:
     plumbing.check_minibatches(args, batch_size)
     if args.total_timesteps < batch_size:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
-    plumbing.check_env_id(args.env_id, "atari", "ppo")
     # the rollout: uint8 frames, an int64 action and four floats (log-prob, reward, done, value) per env step
     plumbing.check_memory(
         args, "atari", args.num_seeds, rollout=args.num_seeds * batch_size * (plumbing.spaces(args.env_id)[0] + 24)

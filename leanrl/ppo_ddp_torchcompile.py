@@ -146,6 +146,8 @@ class Args:
 
 def check_args(args: Args) -> Optional[dict]:
     """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    # the env first: a refused env makes every other flag moot
+    plumbing.check_env_id(args.env_id, "classic", "ppo")
     plumbing.positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
     plumbing.positive_finite(args, "learning_rate", "clip_coef", "max_grad_norm", "target_kl")
     plumbing.positive_finite(args, "dist_timeout")
@@ -159,7 +161,6 @@ def check_args(args: Args) -> Optional[dict]:
             f"--total-timesteps {args.total_timesteps} is below one batch "
             f"({batch_size} steps x {args.world_size} ranks)"
         )
-    plumbing.check_env_id(args.env_id, "classic", "ppo")
     # the rollout: float32 observations and five floats (action, log-prob, reward, done, value) per env step
     plumbing.check_memory(args, "classic", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 5) * 4)
     if args.resume:  # every rank resumes its own envs: checked before check_run creates the log dir

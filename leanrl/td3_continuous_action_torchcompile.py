@@ -109,6 +109,8 @@ class Args:
 
 def check_args(args: Args) -> Optional[dict]:
     """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    # the env first: a refused env makes every other flag moot
+    plumbing.check_env_id(args.env_id, "mujoco", "td3")
     plumbing.positive(args, "total_timesteps", "buffer_size", "batch_size", "policy_frequency", "log_every")
     plumbing.positive_finite(args, "learning_rate")
     plumbing.non_negative_finite(args, "learning_starts", "exploration_noise", "noise_clip", "policy_noise")
@@ -120,7 +122,6 @@ def check_args(args: Args) -> Optional[dict]:
         plumbing.fail(
             f"--learning-starts {args.learning_starts} leaves no update in --total-timesteps {args.total_timesteps}"
         )
-    plumbing.check_env_id(args.env_id, "mujoco", "td3")
     # the replay buffer: float32 observation and next observation, action, reward and done per transition
     n_obs, n_actions = plumbing.spaces(args.env_id)
     plumbing.check_memory(args, "mujoco", replay_buffer=args.buffer_size * (2 * n_obs + n_actions + 2) * 4)

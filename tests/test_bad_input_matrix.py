@@ -195,3 +195,14 @@ def test_main_checks_before_any_work(name, tmp_path):
         "--total-timesteps",
     )
     assert not log_dir.exists() or not any(log_dir.iterdir())
+
+
+def test_the_env_id_is_checked_before_the_budget_flags(script, tmp_path, capsys, monkeypatch):
+    """A refused env id is said first: a user who also got a budget flag wrong (a negative --total-timesteps) does not
+    fix it only to learn then that the env is refused (issue 59)."""
+    name, module = script
+    code, err = check(
+        module, ["--env-id", "NoSuchEnv-v9", "--total-timesteps", "-1"], tmp_path / "run", capsys, monkeypatch
+    )
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "--env-id NoSuchEnv-v9" in lines[0], err
