@@ -200,31 +200,42 @@ FAMILIES = {
     "classic": dict(name="a classic-control task", ppo="ppo.py", dqn="dqn.py"),
     "atari": dict(name="an Atari game", ppo="ppo_atari_envpool.py", dqn="dqn_atari_envpool.py"),
     "mujoco": dict(
-        name="a MuJoCo task",
+        name="a continuous-action task",
         ppo="ppo_continuous_action.py",
         sac="sac_continuous_action.py",
         td3="td3_continuous_action.py",
     ),
 }
-EXAMPLES = {"classic": "CartPole-v1", "atari": "Breakout-v5 or Pong-v5", "mujoco": "HalfCheetah-v4 or Hopper-v4"}
+TAKES = {
+    "classic": "discrete-action classic-control tasks such as CartPole-v1",
+    "atari": "Atari games such as Breakout-v5 or Pong-v5",
+    "mujoco": "continuous-action tasks such as HalfCheetah-v4, Hopper-v4 or Pendulum-v1",
+}
+# envpool's families of flat-observation tasks with gymnasium's interface: a Box action space makes one a task of the
+# continuous scripts (MuJoCo's, Pendulum-v1, MountainCarContinuous-v0), a Discrete one of the classic scripts
+FLAT = ("envpool.mujoco.gym", "envpool.classic_control")
 
 
 def env_family(env_id: str) -> Optional[str]:
-    """ "classic" (Gymnasium's discrete classic control), "atari" or "mujoco" (envpool's), or None if unknown."""
+    """ "classic" (a discrete-action classic-control task, which the classic scripts build with gymnasium), "atari",
+    "mujoco" (any continuous-action task envpool ships with a flat observation: MuJoCo's, Pendulum-v1,
+    MountainCarContinuous-v0), or None if unknown. Read from envpool's spec, without building the env."""
+    import envpool
     import envpool.registration
     import gymnasium as gym
 
-    spec = gym.registry.get(env_id)
-    if spec is not None and "classic_control" in str(spec.entry_point):
-        if isinstance(gym.make(env_id).action_space, gym.spaces.Discrete):
-            return "classic"
-        return "classic-continuous"
     family = envpool.registration.registry.specs.get(env_id, ("",))[0]
     if "atari" in family:
         return "atari"
-    if family == "envpool.mujoco.gym":
+    if family not in FLAT:
+        return None
+    spec = envpool.make_spec(env_id)
+    if len(spec.observation_space.shape) != 1:
+        return None
+    if not hasattr(spec.action_space, "n"):
         return "mujoco"
-    return None
+    gym_spec = gym.registry.get(env_id)
+    return "classic" if gym_spec is not None and "classic_control" in str(gym_spec.entry_point) else None
 
 
 def check_env_id(env_id: str, family: str, algo: str):
@@ -233,11 +244,9 @@ def check_env_id(env_id: str, family: str, algo: str):
     found = env_family(env_id)
     if found == family:
         return
-    takes = f"this script takes {FAMILIES[family]['name'].split(' ', 1)[1]}s such as {EXAMPLES[family]}"
+    takes = f"this script takes {TAKES[family]}"
     if found is None:
         fail(f"--env-id {env_id}: unknown env id; {takes}")
-    if found == "classic-continuous":
-        fail(f"--env-id {env_id} has continuous actions; {takes}")
     other = FAMILIES[found].get(algo)
     where = f"use leanrl/{other}" if other else f"leanrl has no {algo.upper()} script for it"
     fail(f"--env-id {env_id} is {FAMILIES[found]['name']}; {where} ({takes})")
@@ -412,17 +421,12 @@ GIB = 2**30
 
 
 def spaces(env_id: str) -> tuple:
-    """(numbers in one observation, actions: their count if discrete, else their dimensions), from the env's spec
-    without building it (classic control: one gymnasium env, cheap)."""
+    """(numbers in one observation, actions: their count if discrete, else their dimensions), from envpool's spec of
+    the env without building it (it ships every env id `env_family` takes)."""
     import envpool
-    import gymnasium as gym
 
-    if env_family(env_id) == "classic":
-        env = gym.make(env_id)
-        obs, act = env.observation_space, env.action_space
-    else:
-        spec = envpool.make_spec(env_id)
-        obs, act = spec.observation_space, spec.action_space
+    spec = envpool.make_spec(env_id)
+    obs, act = spec.observation_space, spec.action_space
     return math.prod(obs.shape), int(act.n) if hasattr(act, "n") else math.prod(act.shape)
 
 

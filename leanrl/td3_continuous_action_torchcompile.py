@@ -58,7 +58,7 @@ class Args:
     script takes the same flags)"""
 
     env_id: str = "HalfCheetah-v4"
-    """the id of the environment (an envpool MuJoCo task with the Gymnasium interface)"""
+    """the id of the environment (any continuous-action envpool task: MuJoCo's, Pendulum-v1, ...)"""
     total_timesteps: int = 1000000
     """total timesteps of the experiments"""
     num_envs: int = 1

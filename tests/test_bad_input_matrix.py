@@ -206,3 +206,12 @@ def test_the_env_id_is_checked_before_the_budget_flags(script, tmp_path, capsys,
     )
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and "--env-id NoSuchEnv-v9" in lines[0], err
+
+
+@pytest.mark.parametrize("name", [s for s in SCRIPTS if "continuous_action" in s])
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "MountainCarContinuous-v0", "HalfCheetah-v4"])
+def test_a_continuous_script_takes_every_box_action_env(name, env_id, tmp_path, capsys, monkeypatch):
+    """CleanRL's continuous scripts take any Box-action env; envpool 1.2.5 ships Pendulum-v1 and
+    MountainCarContinuous-v0 beside MuJoCo's (issue 59: they were refused for having continuous actions)."""
+    code, err = check(load_script(name), ["--env-id", env_id], tmp_path / "run", capsys, monkeypatch)
+    assert code == 0, err

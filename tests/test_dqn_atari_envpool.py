@@ -209,7 +209,7 @@ def test_buffer_holds_cleanrl_transitions(name, size):
 
 BAD_INPUT = [
     (["--env-id", "CartPole-v1"], ["classic-control", "dqn.py"]),
-    (["--env-id", "HalfCheetah-v4"], ["MuJoCo", "no DQN script"]),
+    (["--env-id", "HalfCheetah-v4"], ["continuous-action", "no DQN script"]),
     (["--env-id", "NoSuchGame-v5"], ["unknown env id"]),
     (["--batch-size", "64", "--buffer-size", "32"], ["--batch-size", "--buffer-size"]),
     (["--capture-video"], ["envpool renders no frames"]),

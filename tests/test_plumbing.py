@@ -103,11 +103,12 @@ def test_an_unset_optional_flag_passes_its_rule():
     [
         ("Breakout-v5", "classic", "ppo", ["Atari", "leanrl/ppo_atari_envpool.py"]),
         ("Breakout-v5", "classic", "dqn", ["Atari", "leanrl/dqn_atari_envpool.py"]),
-        ("HalfCheetah-v4", "atari", "ppo", ["MuJoCo", "leanrl/ppo_continuous_action.py"]),
-        ("HalfCheetah-v4", "classic", "dqn", ["MuJoCo", "no DQN script"]),
+        ("HalfCheetah-v4", "atari", "ppo", ["continuous-action", "leanrl/ppo_continuous_action.py"]),
+        ("HalfCheetah-v4", "classic", "dqn", ["continuous-action", "no DQN script"]),
         ("CartPole-v1", "mujoco", "sac", ["classic-control", "no SAC script"]),
         ("CartPole-v1", "atari", "ppo", ["classic-control", "leanrl/ppo.py"]),
-        ("Pendulum-v1", "classic", "ppo", ["continuous actions"]),
+        ("Pendulum-v1", "classic", "ppo", ["continuous-action", "leanrl/ppo_continuous_action.py"]),
+        ("MountainCarContinuous-v0", "classic", "dqn", ["continuous-action", "no DQN script"]),
         ("NoSuchEnv-v9", "mujoco", "td3", ["unknown env id", "HalfCheetah-v4"]),
     ],
 )
@@ -118,7 +119,17 @@ def test_an_env_of_another_family_names_the_script_that_takes_it(env_id, family,
         assert word in line, line
 
 
-@pytest.mark.parametrize("env_id,family", [("CartPole-v1", "classic"), ("Pong-v5", "atari"), ("Hopper-v4", "mujoco")])
+@pytest.mark.parametrize(
+    "env_id,family",
+    [
+        ("CartPole-v1", "classic"),
+        ("Pong-v5", "atari"),
+        ("Hopper-v4", "mujoco"),
+        # CleanRL's continuous scripts take any Box-action env: envpool ships these classic-control ones (issue 59)
+        ("Pendulum-v1", "mujoco"),
+        ("MountainCarContinuous-v0", "mujoco"),
+    ],
+)
 def test_an_env_of_the_family_passes(env_id, family):
     plumbing.check_env_id(env_id, family, "ppo")
 

@@ -352,7 +352,7 @@ def test_learns_cartpole(tmp_path):
 BAD_INPUT = [
     (["--env-id", "NoSuchEnv-v9"], ["unknown env id"]),
     (["--env-id", "Breakout-v5"], ["Atari", "ppo_atari_envpool.py"]),
-    (["--env-id", "Pendulum-v1"], ["continuous"]),
+    (["--env-id", "Pendulum-v1"], ["continuous-action", "ppo_continuous_action.py"]),
     (["--num-minibatches", "3"], ["does not divide"]),
     (["--total-timesteps", "0"], ["--total-timesteps"]),
     (["--resume", "/nonexistent/agent.pt"], ["no such file"]),

@@ -372,3 +372,14 @@ def test_a_baselines_checkpoint_from_cuda_resumes_on_a_cpu(script, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--resume: a checkpoint written on CUDA, resumed on cpu" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action_torchcompile.py"])
+def test_a_classic_control_task_with_continuous_actions_trains(script, tmp_path):
+    """MountainCarContinuous-v0 (envpool's, one action in [-1, 1]) trains as CleanRL's SAC and TD3 take any Box-action
+    env: the run goes through, its actor scaled to the env's action bounds."""
+    flags = ["--env-id", "MountainCarContinuous-v0", "--total-timesteps", "400", *TINY[2:], "--save-model"]
+    run_script(script, *flags, log_dir=tmp_path / "run")
+    assert read_metrics(tmp_path / "run")[-1]["global_step"] == 400
+    actor = torch.load(tmp_path / "run" / "agent.pt", weights_only=True)["actor"]
+    assert actor["action_scale"].tolist() == [1.0] and actor["action_bias"].tolist() == [0.0]
