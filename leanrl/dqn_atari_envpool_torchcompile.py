@@ -390,6 +390,7 @@ def main(args: Args):
         plumbing.resume(
             ckpt,
             args.seed,
+            restart=True,  # envpool cannot save its envs: they start new episodes
             q_network=q_network,
             target_network=target_network,
             optimizer=optimizer,

@@ -56,7 +56,7 @@ class Args:
     """whether to capture videos of the agent performances (into `<log_dir>/videos`; needs pygame and moviepy)"""
 
     env_id: str = "CartPole-v1"
-    """the id of the environment (discrete-action classic control)"""
+    """the id of the environment (discrete-action classic control or Box2D: CartPole-v1, LunarLander-v3, ...)"""
     total_timesteps: int = 500000
     """total timesteps of the experiments"""
     learning_rate: float = 2.5e-4
@@ -337,17 +337,19 @@ def main(args: Args):
     global_step = ckpt["global_step"] if ckpt else 0
     obs, _ = env.reset(seed=args.seed + global_step)
     if ckpt:
+        # the envs go on where the checkpoint left them; where it could not hold them (Box2D), new episodes
+        restart = not plumbing.env_saved(ckpt)
         plumbing.resume(
             ckpt,
             args.seed,
+            restart=restart,
             q_network=q_network,
             target_network=target_network,
             optimizer=optimizer,
             buffer=rb,
             rng=rng,
-            episodes=episodes,  # the env resumes too: the episode in flight goes on
-            env=env,  # the env where the checkpoint left it: the resumed run goes on as if never stopped
-            obs=obs,
+            episodes=episodes,
+            **({} if restart else dict(env=env, obs=obs)),
         )
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)

@@ -197,7 +197,7 @@ def check_minibatches(args, batch_size: int):
 
 # where each family's envs come from, and which script takes them, per algorithm
 FAMILIES = {
-    "classic": dict(name="a classic-control task", ppo="ppo.py", dqn="dqn.py"),
+    "classic": dict(name="a discrete-action classic-control or Box2D task", ppo="ppo.py", dqn="dqn.py"),
     "atari": dict(name="an Atari game", ppo="ppo_atari_envpool.py", dqn="dqn_atari_envpool.py"),
     "mujoco": dict(
         name="a continuous-action task",
@@ -207,19 +207,21 @@ FAMILIES = {
     ),
 }
 TAKES = {
-    "classic": "discrete-action classic-control tasks such as CartPole-v1",
+    "classic": "discrete-action classic-control and Box2D tasks such as CartPole-v1 or LunarLander-v3",
     "atari": "Atari games such as Breakout-v5 or Pong-v5",
     "mujoco": "continuous-action tasks such as HalfCheetah-v4, Hopper-v4 or Pendulum-v1",
 }
 # envpool's families of flat-observation tasks with gymnasium's interface: a Box action space makes one a task of the
-# continuous scripts (MuJoCo's, Pendulum-v1, MountainCarContinuous-v0), a Discrete one of the classic scripts
-FLAT = ("envpool.mujoco.gym", "envpool.classic_control")
+# continuous scripts (MuJoCo's, Pendulum-v1, LunarLanderContinuous-v3), a Discrete one of the classic scripts, which
+# build gymnasium's own (CartPole-v1, LunarLander-v3)
+FLAT = ("envpool.mujoco.gym", "envpool.classic_control", "envpool.box2d")
+GYM_TASKS = ("classic_control", "box2d")
 
 
 def env_family(env_id: str) -> Optional[str]:
-    """ "classic" (a discrete-action classic-control task, which the classic scripts build with gymnasium), "atari",
-    "mujoco" (any continuous-action task envpool ships with a flat observation: MuJoCo's, Pendulum-v1,
-    MountainCarContinuous-v0), or None if unknown. Read from envpool's spec, without building the env."""
+    """ "classic" (a discrete-action classic-control or Box2D task, which the classic scripts build with gymnasium),
+    "atari", "mujoco" (any continuous-action task envpool ships with a flat observation: MuJoCo's, Pendulum-v1,
+    LunarLanderContinuous-v3), or None if unknown. Read from envpool's spec, without building the env."""
     import envpool
     import envpool.registration
     import gymnasium as gym
@@ -235,13 +237,23 @@ def env_family(env_id: str) -> Optional[str]:
     if not hasattr(spec.action_space, "n"):
         return "mujoco"
     gym_spec = gym.registry.get(env_id)
-    return "classic" if gym_spec is not None and "classic_control" in str(gym_spec.entry_point) else None
+    entry = str(gym_spec.entry_point) if gym_spec is not None else ""
+    return "classic" if any(f"gymnasium.envs.{task}." in entry for task in GYM_TASKS) else None
 
 
 def check_env_id(env_id: str, family: str, algo: str):
     """`env_id` belongs to `family` ("classic", "atari" or "mujoco"), else one line naming the script of `algo` that
-    takes it, or saying that none does."""
+    takes it, or saying that none does. A classic script's env that gymnasium cannot build for want of a package (a
+    Box2D task without Box2D or pygame) says what to install."""
     found = env_family(env_id)
+    if found == family == "classic":
+        import gymnasium as gym
+
+        try:
+            gym.envs.registration.load_env_creator(gym.registry[env_id].entry_point)
+        except (gym.error.DependencyNotInstalled, ImportError) as e:
+            missing = str(e).split(",")[0].split(".")[0]
+            fail(f'--env-id {env_id} needs gymnasium\'s Box2D extra ({missing}): pip install "gymnasium[box2d]"')
     if found == family:
         return
     takes = f"this script takes {TAKES[family]}"
@@ -559,18 +571,25 @@ def state_of(part):
     return part
 
 
-def resume(ckpt: dict, seed: int, **parts):
+def resume(ckpt: dict, seed: int, restart: bool, **parts):
     """`state_of`'s states in `ckpt` back into `parts`, each in place, by the same names: a module's and an
     optimizer's (`load_optimizer`), the loop's generators (`restore_rngs`, re-seeded from `seed`; a list of them, a
     seeds run's, one per member from `seed` on), numpy's, gymnasium envs (which have been reset once), episode
-    returns (whose episodes in flight go on only where the checkpoint holds the env, as `env`), replay buffers
-    (`load`), tensors and arrays (copied into). The loop's counters are the script's to read (`ckpt["global_step"]`)."""
-    env_saved = "env" in parts
+    returns, replay buffers (`load`), tensors and arrays (copied into). `restart`, the caller's to say: the envs start
+    new episodes (envpool's, which no checkpoint holds, or a gymnasium env the checkpoint could not hold: `env_saved`),
+    so the returns of the episodes in flight are dropped; without it they go on, the envs restored among the parts. The
+    loop's counters are the script's to read (`ckpt["global_step"]`)."""
     for name, part in parts.items():
-        load_part(part, ckpt[name], seed, ckpt["global_step"], env_saved)
+        load_part(part, ckpt[name], seed, ckpt["global_step"], restart)
 
 
-def load_part(part, saved, seed: int, step: int, env_saved: bool):
+def env_saved(ckpt: dict) -> bool:
+    """Whether `ckpt` holds its run's envs (`env`): gymnasium's classic control, yes; envpool's, or a gymnasium env
+    whose state `env_state` cannot take (a Box2D world), no: a run resumed from it starts new episodes."""
+    return ckpt.get("env") is not None
+
+
+def load_part(part, saved, seed: int, step: int, restart: bool):
     """One part of `resume`."""
     if isinstance(part, torch.optim.Optimizer):
         load_optimizer(part, saved)
@@ -591,18 +610,18 @@ def load_part(part, saved, seed: int, step: int, env_saved: bool):
         set_vector_env_state(part, saved)
     elif is_env(part, vector=False):
         set_env_state(part, saved)
-    elif type(part) in (Episodes, MemberEpisodes):  # Atari's restart their games always: envpool cannot save one
-        part.load(saved, restart=not env_saved)
+    elif isinstance(part, (Episodes, MemberEpisodes, MemberAtariEpisodes)):
+        part.load(saved, restart=restart)
     elif isinstance(part, dict) or hasattr(part, "items"):  # before `load`: a TensorDict's own loads from disk
         for name, value in part.items():
-            load_part(value, saved[name], seed, step, env_saved)
+            load_part(value, saved[name], seed, step, restart)
     elif hasattr(part, "load_state_dict"):
         part.load_state_dict(saved)
     elif hasattr(part, "load") and callable(part.load):
         part.load(saved)
     elif isinstance(part, (list, tuple)):
         for value, state in zip(part, saved):
-            load_part(value, state, seed, step, env_saved)
+            load_part(value, state, seed, step, restart)
     else:
         raise TypeError(f"resume: cannot restore a {type(part).__name__} in place")
 
@@ -748,11 +767,14 @@ def restore_rngs(rngs: list, states: list, seeds: list, step: int):
     )
 
 
-def env_state(env) -> dict:
+def env_state(env) -> Optional[dict]:
     """Everything that moves in one gymnasium classic-control env (its physics state, its random generator, its time
-    limit's count): a checkpoint holding it, with the obs the loop holds, resumes bit for bit."""
+    limit's count): a checkpoint holding it, with the obs the loop holds, resumes bit for bit. None for another env (a
+    Box2D world cannot be saved): a run resumed from the checkpoint starts new episodes (`env_saved`)."""
     import gymnasium as gym
 
+    if not type(env.unwrapped).__module__.startswith("gymnasium.envs.classic_control."):
+        return None
     limit = env
     while not isinstance(limit, gym.wrappers.TimeLimit):
         limit = limit.env
@@ -780,9 +802,10 @@ def set_env_state(env, state: dict):
         u.steps_beyond_terminated = state["beyond"]
 
 
-def vector_env_state(envs) -> list:
-    """`env_state` of each env of a gymnasium vector env."""
-    return [env_state(env) for env in envs.envs]
+def vector_env_state(envs) -> Optional[list]:
+    """`env_state` of each env of a gymnasium vector env; None if one of them cannot be saved."""
+    states = [env_state(env) for env in envs.envs]
+    return None if None in states else states
 
 
 def set_vector_env_state(envs, states: list):
@@ -829,7 +852,7 @@ class Episodes:
     def state(self) -> dict:
         return dict(ret=torch.as_tensor(self.ret), finished=torch.tensor(list(self.finished), dtype=torch.float64))
 
-    def load(self, state: dict, restart: bool = False):
+    def load(self, state: dict, restart: bool):
         """The state of `state()`; `restart`: the envs could not be saved and start new episodes, so the returns of the
         episodes in flight are dropped."""
         self.ret = np.zeros_like(self.ret) if restart else state["ret"].numpy().copy()
@@ -867,7 +890,10 @@ class AtariEpisodes(Episodes):
             lengths=torch.tensor(list(self.lengths), dtype=torch.float64),
         )
 
-    def load(self, state: dict):
+    def load(self, state: dict, restart: bool):
+        """The finished games of `state()`; `restart` must be said: envpool cannot save a game, the games restart."""
+        if not restart:
+            raise ValueError("AtariEpisodes: envpool cannot save a game in flight; resume with restart=True")
         self.finished.extend(state["returns"].tolist())
         self.lengths.extend(state["lengths"].tolist())
 
@@ -893,9 +919,9 @@ class MemberAtariEpisodes:
     def state(self) -> dict:
         return dict(members=[member.state() for member in self.members])
 
-    def load(self, state: dict):
+    def load(self, state: dict, restart: bool):
         for member, saved in zip(self.members, state["members"]):
-            member.load(saved)
+            member.load(saved, restart)
 
 
 class MemberEpisodes:
@@ -928,7 +954,7 @@ class MemberEpisodes:
         members = [torch.tensor(list(finished), dtype=torch.float64) for finished in self.members]
         return dict(ret=torch.as_tensor(self.ret), members=members)
 
-    def load(self, state: dict, restart: bool = False):
+    def load(self, state: dict, restart: bool):
         self.ret = np.zeros_like(self.ret) if restart else state["ret"].numpy().copy()
         for finished, saved in zip(self.members, state["members"]):
             finished.extend(saved.tolist())

@@ -206,6 +206,7 @@ def main(args: Args):
         plumbing.resume(
             ckpt,
             args.seed,
+            restart=True,  # envpool cannot save its envs: they start new episodes
             agent=agent,
             optimizer=optimizer,
             torch_rng=torch.default_generator,

@@ -538,7 +538,10 @@ def main(args: Args):
     start_iteration = 1
     if ckpt:
         ckpt.update(ckpt["ranks"][rank])  # this rank's own RNG and statistics
-        plumbing.resume(ckpt, args.seed + rank, agent=agent, optimizer=optimizer, rng=rng, episodes=episodes)
+        # envpool cannot save its envs: they start new episodes
+        plumbing.resume(
+            ckpt, args.seed + rank, restart=True, agent=agent, optimizer=optimizer, rng=rng, episodes=episodes
+        )
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
     next_obs = torch.from_numpy(np.concatenate([envs.reset()[0] for _, envs in pools])).to(device)

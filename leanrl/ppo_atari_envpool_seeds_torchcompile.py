@@ -495,7 +495,8 @@ def main(args: Args):
     global_step = 0
     start_iteration = 1
     if ckpt:
-        plumbing.resume(ckpt, args.seed, agent=params, optimizer=optimizer, rng=rngs, episodes=episodes)
+        # envpool cannot save its envs: they start new episodes
+        plumbing.resume(ckpt, args.seed, restart=True, agent=params, optimizer=optimizer, rng=rngs, episodes=episodes)
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
     resets = [np.stack([envs.reset()[0] for envs in group]) for _, group in pools]  # [members, a pool's envs, ...]

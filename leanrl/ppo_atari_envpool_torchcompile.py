@@ -368,7 +368,8 @@ def main(args: Args):
     global_step = 0
     start_iteration = 1
     if ckpt:
-        plumbing.resume(ckpt, args.seed, agent=agent, optimizer=optimizer, rng=rng, episodes=episodes)
+        # envpool cannot save its envs: they start new episodes
+        plumbing.resume(ckpt, args.seed, restart=True, agent=agent, optimizer=optimizer, rng=rng, episodes=episodes)
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
     next_obs = torch.from_numpy(np.concatenate([envs.reset()[0] for _, envs in pools])).to(device)

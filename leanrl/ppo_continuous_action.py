@@ -291,6 +291,7 @@ def main(args: Args):
         plumbing.resume(
             ckpt,
             args.seed,
+            restart=True,  # envpool cannot save its envs: they start new episodes
             agent=agent,
             optimizer=optimizer,
             normalizer=normalizer,

@@ -674,6 +674,7 @@ def main(args: Args):
         plumbing.resume(
             ckpt,
             args.seed,
+            restart=True,  # envpool cannot save its envs: they start new episodes
             agent=params,
             optimizer=optimizer,
             normalizer=normalizer,

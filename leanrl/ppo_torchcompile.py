@@ -62,7 +62,7 @@ class Args:
     """whether to capture videos of the agent performances (into `<log_dir>/videos`; needs pygame and moviepy)"""
 
     env_id: str = "CartPole-v1"
-    """the id of the environment (discrete-action classic control)"""
+    """the id of the environment (discrete-action classic control or Box2D: CartPole-v1, LunarLander-v3, ...)"""
     total_timesteps: int = 500000
     """total timesteps of the experiments"""
     learning_rate: float = 2.5e-4
@@ -438,16 +438,17 @@ def main(args: Args):
     next_obs, _ = envs.reset(seed=args.seed)
     next_done = np.zeros(args.num_envs, dtype=bool)
     if ckpt:
+        # the envs go on where the checkpoint left them; where it could not hold them (Box2D), new episodes
+        restart = not plumbing.env_saved(ckpt)
         plumbing.resume(
             ckpt,
             args.seed,
+            restart=restart,
             agent=agent,
             optimizer=optimizer,
             rng=rng,
-            env=envs,
-            next_obs=next_obs,
-            next_done=next_done,
             episodes=episodes,
+            **({} if restart else dict(env=envs, next_obs=next_obs, next_done=next_done)),
         )
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1

@@ -410,6 +410,7 @@ def main(args: Args):
         plumbing.resume(
             ckpt,
             args.seed,
+            restart=True,  # envpool cannot save its envs: they start new episodes
             actor=actor,
             q_params=q_params,
             q_target=q_target,

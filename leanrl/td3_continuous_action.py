@@ -238,6 +238,7 @@ def main(args: Args):
         plumbing.resume(
             ckpt,
             args.seed,
+            restart=True,  # envpool cannot save its envs: they start new episodes
             actor=actor,
             qf1=qf1,
             qf2=qf2,

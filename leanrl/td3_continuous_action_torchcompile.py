@@ -370,6 +370,7 @@ def main(args: Args):
         plumbing.resume(
             ckpt,
             args.seed,
+            restart=True,  # envpool cannot save its envs: they start new episodes
             actor=actor,
             target_actor=target_actor,
             q_params=q_params,
