@@ -241,6 +241,26 @@ def env_family(env_id: str) -> Optional[str]:
     return "classic" if any(f"gymnasium.envs.{task}." in entry for task in GYM_TASKS) else None
 
 
+def envpool_name(env_id: str) -> Optional[str]:
+    """The id envpool gives an env that CleanRL names otherwise, or None: an Atari game's ALE names
+    (`BreakoutNoFrameskip-v4`, `Breakout-v4`, `ALE/Breakout-v5`) are envpool's `Breakout-v5` (CleanRL's wrappers'
+    84x84 grey frames, frame skip 4, are envpool's options); a MuJoCo task of an older version (`Hopper-v2`, for
+    mujoco-py) is its `-v4`, CleanRL's version now, or the newest envpool ships."""
+    import envpool.registration
+
+    specs = envpool.registration.registry.specs
+    name, _, version = env_id.removeprefix("ALE/").rpartition("-v")
+    game = name.removesuffix("NoFrameskip").removesuffix("Deterministic")
+    if f"{game}-v5" in specs and "atari" in specs[f"{game}-v5"][0]:
+        return f"{game}-v5"
+    versions = sorted(
+        int(k.rpartition("-v")[2]) for k, v in specs.items() if k.rpartition("-v")[0] == name and v[0] in FLAT
+    )
+    if not versions or not version.isdigit():
+        return None
+    return f"{name}-v4" if 4 in versions else f"{name}-v{versions[-1]}"
+
+
 def check_env_id(env_id: str, family: str, algo: str):
     """`env_id` belongs to `family` ("classic", "atari" or "mujoco"), else one line naming the script of `algo` that
     takes it, or saying that none does. A classic script's env that gymnasium cannot build for want of a package (a
@@ -257,6 +277,16 @@ def check_env_id(env_id: str, family: str, algo: str):
     if found == family:
         return
     takes = f"this script takes {TAKES[family]}"
+    if found is None and envpool_name(env_id):  # CleanRL's name for it: the id to use instead
+        name = envpool_name(env_id)
+        other = env_family(name)
+        said = f"--env-id {env_id}: unknown env id here; envpool names it {name}"
+        if other == family:
+            fail(f"{said}: pass --env-id {name}")
+        script = FAMILIES[other].get(algo)
+        if script:
+            fail(f"{said}, {FAMILIES[other]['name']}: pass --env-id {name} to leanrl/{script}")
+        fail(f"{said}, {FAMILIES[other]['name']}; leanrl has no {algo.upper()} script for it ({takes})")
     if found is None:
         fail(f"--env-id {env_id}: unknown env id; {takes}")
     other = FAMILIES[found].get(algo)

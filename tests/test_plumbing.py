@@ -114,6 +114,13 @@ def test_an_unset_optional_flag_passes_its_rule():
         ("LunarLander-v3", "mujoco", "sac", ["discrete-action", "no SAC script"]),
         ("LunarLander-v3", "atari", "dqn", ["discrete-action", "leanrl/dqn.py"]),
         ("NoSuchEnv-v9", "mujoco", "td3", ["unknown env id", "HalfCheetah-v4"]),
+        # CleanRL's own names (dqn_atari's default, the MuJoCo-v2 era's): the id to use instead (issue 59)
+        ("BreakoutNoFrameskip-v4", "atari", "dqn", ["unknown env id", "--env-id Breakout-v5"]),
+        ("ALE/Pong-v5", "atari", "ppo", ["--env-id Pong-v5"]),
+        ("SpaceInvadersNoFrameskip-v4", "classic", "ppo", ["--env-id SpaceInvaders-v5", "leanrl/ppo_atari_envpool.py"]),
+        ("Hopper-v2", "mujoco", "td3", ["unknown env id", "--env-id Hopper-v4"]),
+        ("Walker2d-v2", "mujoco", "sac", ["--env-id Walker2d-v4"]),
+        ("HalfCheetah-v2", "classic", "dqn", ["names it HalfCheetah-v4", "no DQN script"]),
     ],
 )
 def test_an_env_of_another_family_names_the_script_that_takes_it(env_id, family, algo, words, capsys):
