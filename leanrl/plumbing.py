@@ -1248,7 +1248,10 @@ class Run:
         if self.wandb:
             self.wandb.log(row, step=global_step)
         self.bar.update(global_step - self.bar.n)
-        self.bar.set_postfix(fps=f"{self.fps or 0:.0f}", ret=f"{row.get('episodic_return') or 0:.1f}", refresh=False)
+        # what the row says: "-" where it has no number yet (no steady state, no finished episode), not a 0
+        ret = row.get("episodic_return")
+        fps = "-" if self.fps is None else f"{self.fps:.0f}"
+        self.bar.set_postfix(fps=fps, ret="-" if ret is None else f"{ret:.1f}", refresh=False)
         self.stop.logged = True
         return row
 

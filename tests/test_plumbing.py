@@ -395,6 +395,19 @@ def test_run_logs_rows_fps_and_summary(tmp_path, capsys):
     assert err.count("compiling the units on their first call") == 1 and "40 steps" in err
 
 
+def test_the_bar_shows_no_return_before_an_episode_has_finished(tmp_path):
+    """The progress bar's return is the row's: none ("-") while metrics.jsonl says null, 0.0 only for a real 0 (issue
+    59: it showed ret=0.0 before any episode had finished); the same for fps before steady state."""
+    run = plumbing.Run(Args(log_dir=str(tmp_path)), "some_script", torch.device("cpu"), total_steps=40)
+    shown = []
+    with run:
+        for step, ret in ((10, None), (20, 0.0), (30, -3.5), (40, None)):
+            run.log(step, steady=step >= 20, episodic_return=ret)
+            shown.append(dict(item.split("=") for item in run.bar.postfix.split(", ")))
+    assert [s["ret"] for s in shown] == ["-", "0.0", "-3.5", "-"]
+    assert shown[0]["fps"] == "-" and shown[1]["fps"] == "-" and float(shown[2]["fps"]) > 0
+
+
 def test_untimed_seconds_are_left_out_of_the_fps_and_the_compile_time(tmp_path, monkeypatch):
     """A clock that moves 1 s per interval, a quarter of it an evaluation: 10 steps per interval count as 10 / 0.75."""
     clock = iter(float(t) for t in range(100))
