@@ -6,8 +6,8 @@
 - `check_env_id`: an env id of the wrong family names the script that takes it.
 - `check_minibatches`: the PPO scripts' minibatch count divides the batch and leaves no one-row minibatch.
 - `check_memory`: a run whose stores (rollout, replay buffer, env pools) will not fit in memory is refused.
-- `check_run`: the flags every script shares (seed, threads, burn-in, video, `--resume`, `--track`, `--log-dir`),
-  checked last; the log dir claimed (`claim`) for the run's life.
+- `check_run`: the flags every script shares (seed, threads, burn-in, video, `--resume`, `--compile`'s cache folder,
+  `--track`, `--log-dir`), checked last; the log dir claimed (`claim`) for the run's life.
 - `pick_device`: the learner's device; `--cudagraphs` without CUDA is dropped with one line.
 - `envpool_seed`: a derived env seed within envpool's int32.
 - `Run.save` and `resume`: a run's parts (modules, optimizers, generators, envs, episodes, buffers, tensors) into its
@@ -143,11 +143,11 @@ def flag(name: str) -> str:
 
 
 def require(args, ok, what: str, *names: str):
-    """Each field in `names` (each value of a tuple field) must pass `ok`, else the run ends with "--name must be
-    <what>, got <value>"."""
+    """Each field in `names` (each value of a tuple or list field) must pass `ok`, else the run ends with "--name must
+    be <what>, got <value>"."""
     for name in names:
         value = getattr(args, name)
-        for v in value if isinstance(value, tuple) else (value,):
+        for v in value if isinstance(value, (tuple, list)) else (value,):
             if v is not None and not ok(v):
                 fail(f"{flag(name)} must be {what}, got {v}")
 
@@ -322,6 +322,8 @@ def check_run(
             f"--resume {args.resume} is already at step {ckpt['global_step']:,} of --total-timesteps "
             f"{args.total_timesteps:,}: nothing left to train; pass a larger --total-timesteps to go on"
         )
+    if getattr(args, "compile", False):
+        check_compile_cache()
     warnings = [check_diverged(args, ckpt)] if ckpt is not None else []
     warnings += [check_track(args)] if args.track and lead else []
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's ranks on this machine share its cores
@@ -345,6 +347,22 @@ def check_run(
     for line in filter(None, warnings):
         print(line, file=sys.stderr)
     return ckpt
+
+
+def check_compile_cache():
+    """TORCHINDUCTOR_CACHE_DIR, where set, is a folder Inductor can create and write into: else --compile dies at its
+    first compile, with a traceback, after the run has started."""
+    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not path:
+        return
+    try:
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as e:
+        fail(
+            f"TORCHINDUCTOR_CACHE_DIR={path}: Inductor cannot keep its compiled code there ({e.strerror or e}); point "
+            "it at a folder or unset it"
+        )
 
 
 def default_log_dir(args, script: str) -> str:

@@ -215,3 +215,15 @@ def test_a_continuous_script_takes_every_box_action_env(name, env_id, tmp_path, 
     MountainCarContinuous-v0 beside MuJoCo's (issue 59: they were refused for having continuous actions)."""
     code, err = check(load_script(name), ["--env-id", env_id], tmp_path / "run", capsys, monkeypatch)
     assert code == 0, err
+
+
+def test_an_inductor_cache_dir_that_is_a_file_is_refused_before_any_work(script, tmp_path, capsys, monkeypatch):
+    """TORCHINDUCTOR_CACHE_DIR naming a file: --compile would die in its first compile with a traceback, after the log
+    dir was made (issue 59); it is one line before any work, naming the variable."""
+    name, module = script
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "file"))
+    code, err = check(module, ["--compile"], tmp_path / "run", capsys, monkeypatch)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "TORCHINDUCTOR_CACHE_DIR" in lines[0], err
+    assert not (tmp_path / "run").exists()
