@@ -124,7 +124,8 @@ def check_args(args: Args) -> Optional[dict]:
     # the replay buffer: float32 observation and next observation, action, reward and done per transition
     n_obs, n_actions = plumbing.spaces(args.env_id)
     plumbing.check_memory(args, "mujoco", replay_buffer=args.buffer_size * (2 * n_obs + n_actions + 2) * 4)
-    return plumbing.check_run(args, SCRIPT)
+    # the checkpoint's ring buffer goes back into one of its size: a smaller one cannot hold its rows or position
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "buffer_size"))
 
 
 class ReplayBuffer:
