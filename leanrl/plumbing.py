@@ -35,6 +35,7 @@ import platform
 import signal
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -403,7 +404,9 @@ def claim(log_dir: str):
 def check_log_dir(args):
     """A `--log-dir` that holds another run's files is refused (the runs' rows, checkpoints and summaries would mix),
     unless `--resume` continues the run that is there."""
+    # an empty metrics.jsonl (left by an older run stopped before its first row) holds no run
     held = [name for name in RUN_FILES if os.path.exists(os.path.join(args.log_dir, name))]
+    held = [name for name in held if name != "metrics.jsonl" or os.path.getsize(os.path.join(args.log_dir, name))]
     if not held:
         return
     resume = getattr(args, "resume", None)  # a measuring tool (bench_env.py) has none
@@ -1008,6 +1011,23 @@ class MemberEpisodes:
             finished.extend(saved.tolist())
 
 
+def git_commit() -> Optional[str]:
+    """The commit of the code that runs (git's short hash, "-dirty" if a tracked file differs from it), or None where
+    git or the repository is not at hand (a script copied out): summary.json records it, so that a report never mixes
+    commits unawares."""
+    git = ["git", "-C", os.path.dirname(os.path.abspath(__file__))]
+    try:
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        status = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode or status.returncode:
+        return None
+    return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
+
+
 def cores() -> int:
     """The cores this process may run on: the affinity mask where the OS has one (taskset, a container's cpuset), which
     os.cpu_count() ignores: a thread per machine core on fewer cores than that stalls the matrix products."""
@@ -1157,13 +1177,14 @@ class Run:
         self.first_interval = None
         self.steady_intervals = []
         self.wandb = None
-        self.metrics = None
+        self.metrics = None  # opened at the first row: a run stopped before it leaves no empty file in its folder
+        self.metrics_path = os.path.join(args.log_dir, "metrics.jsonl") if lead else None
+        self.logged_step = start_step  # the step of the last row: what a run stopped mid-iteration has done
+        self.commit = git_commit()
         self.start = self.last = time.perf_counter()
         if lead:
-            path = os.path.join(args.log_dir, "metrics.jsonl")
-            if start_step and os.path.exists(path):
-                keep_rows_until(path, start_step)
-            self.metrics = open(path, "a", buffering=1)
+            if start_step and os.path.exists(self.metrics_path):
+                keep_rows_until(self.metrics_path, start_step)
             if args.track:
                 import wandb
 
@@ -1258,11 +1279,13 @@ class Run:
             self.diverge(global_step, list(broken), f"at step {global_step:,}", said)
         if members is not None:
             row["members"] = members
-        if self.metrics:
+        if self.metrics_path:
             try:
+                self.metrics = self.metrics or open(self.metrics_path, "a", buffering=1)
                 self.metrics.write(json.dumps(strict_json(row)) + "\n")
             except OSError as e:
                 self.cannot_log(e)
+        self.logged_step = global_step
         if self.wandb:
             self.wandb.log(row, step=global_step)
         self.bar.update(global_step - self.bar.n)
@@ -1348,10 +1371,11 @@ class Run:
     def cannot_log(self, error: OSError):
         """metrics.jsonl can take no more rows (a full disk): the run stops here as Ctrl-C stops it, its checkpoint and
         summary still tried, and exits 1."""
-        path = self.metrics.name
-        with contextlib.suppress(OSError):  # the row it holds back fails again
+        path = self.metrics_path
+        with contextlib.suppress(OSError, AttributeError):  # the row it holds back fails again (None: the open failed)
             self.metrics.close()
         self.metrics = None
+        self.metrics_path = None
         UNWRITTEN.append(path)
         self.stop.set = True
         self.say(f"error: could not write {path} ({error.strerror or error}); the run stops at this step")
@@ -1376,10 +1400,14 @@ class Run:
 
     def finish(self, global_step: int, final_return: Optional[float], compile_time: Optional[float] = None, **extra):
         """summary.json (and wandb's summary), one closing line on stderr; exit code 1 if a final write failed, 130 if
-        the run was stopped."""
+        the run was stopped. A run stopped mid-iteration (a second Ctrl-C, a divergence) counts the steps of its last
+        row, which its metrics and checkpoint hold, not those of the half-done iteration."""
+        if not self.consistent:
+            global_step = self.logged_step
         if self.lead:
             summary = dict(
                 script=self.script,
+                commit=self.commit,
                 env_id=self.args.env_id,
                 seed=self.args.seed,
                 flags=asdict(self.args),
