@@ -631,7 +631,7 @@ def resume(ckpt: dict, seed: int, restart: bool, **parts):
     so the returns of the episodes in flight are dropped; without it they go on, the envs restored among the parts. The
     loop's counters are the script's to read (`ckpt["global_step"]`)."""
     for name, part in parts.items():
-        load_part(part, ckpt[name], seed, ckpt["global_step"], restart)
+        load_part(part, ckpt[name], seed, ckpt["global_step"], restart, name)
 
 
 def env_saved(ckpt: dict) -> bool:
@@ -640,8 +640,20 @@ def env_saved(ckpt: dict) -> bool:
     return ckpt.get("env") is not None
 
 
-def load_part(part, saved, seed: int, step: int, restart: bool):
-    """One part of `resume`."""
+def same_layout(name: str, saved, shape: tuple, dtype):
+    """A tensor or array of the checkpoint goes back only into one of its own shape and dtype (copy_ and [...] = would
+    broadcast and cast it without a word): else one line, naming the part."""
+    theirs = f"{tuple(saved.shape)} {str(saved.dtype).removeprefix('torch.')}"
+    ours = f"{tuple(shape)} {str(dtype).removeprefix('torch.')}"
+    if theirs != ours:
+        fail(
+            f"--resume: the checkpoint's {name} is {theirs}, this run's {ours}: it was written with other flags; "
+            "resume with the flags it was trained with (its summary.json's)"
+        )
+
+
+def load_part(part, saved, seed: int, step: int, restart: bool, name: str):
+    """One part of `resume` (`name`: where it is, for a message)."""
     if isinstance(part, torch.optim.Optimizer):
         load_optimizer(part, saved)
     elif isinstance(part, torch.nn.Module):
@@ -653,9 +665,11 @@ def load_part(part, saved, seed: int, step: int, restart: bool):
     elif isinstance(part, np.random.Generator):
         part.bit_generator.state = saved
     elif isinstance(part, torch.Tensor):
+        same_layout(name, saved, part.shape, part.dtype)
         with torch.no_grad():
             part.copy_(saved)
     elif isinstance(part, np.ndarray):
+        same_layout(name, saved.numpy(), part.shape, part.dtype)
         part[...] = saved.numpy()
     elif is_env(part, vector=True):
         set_vector_env_state(part, saved)
@@ -664,15 +678,15 @@ def load_part(part, saved, seed: int, step: int, restart: bool):
     elif isinstance(part, (Episodes, MemberEpisodes, MemberAtariEpisodes)):
         part.load(saved, restart=restart)
     elif isinstance(part, dict) or hasattr(part, "items"):  # before `load`: a TensorDict's own loads from disk
-        for name, value in part.items():
-            load_part(value, saved[name], seed, step, restart)
+        for key, value in part.items():
+            load_part(value, saved[key], seed, step, restart, f"{name}.{key}")
     elif hasattr(part, "load_state_dict"):
         part.load_state_dict(saved)
     elif hasattr(part, "load") and callable(part.load):
         part.load(saved)
     elif isinstance(part, (list, tuple)):
-        for value, state in zip(part, saved):
-            load_part(value, state, seed, step, restart)
+        for i, (value, state) in enumerate(zip(part, saved)):
+            load_part(value, state, seed, step, restart, f"{name}[{i}]")
     else:
         raise TypeError(f"resume: cannot restore a {type(part).__name__} in place")
 

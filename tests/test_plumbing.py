@@ -308,6 +308,29 @@ def test_an_atari_checkpoint_of_format_3_resumes(tmp_path):
     assert list(resumed.members[1].finished) == [3.0, 7.0] and not resumed.members[0].finished
 
 
+@pytest.mark.parametrize(
+    "saved,part",
+    [
+        (torch.zeros(1), torch.zeros(4)),  # copy_ broadcast one env's obs over four
+        (torch.zeros(4, dtype=torch.float64), torch.zeros(4)),  # and cast float64 to float32
+        (torch.zeros(2, 3), torch.zeros(3, 2)),
+        (np.zeros(4, dtype=bool), np.zeros(4, dtype=np.float32)),  # [...] = casts a done flag to a float
+        (np.zeros(1), np.zeros(4)),
+    ],
+)
+def test_resume_refuses_a_tensor_or_array_of_another_shape_or_dtype(saved, part, tmp_path, capsys):
+    """A tensor or an array goes back only into one of its own shape and dtype: copy_ and [...] = would broadcast and
+    cast it without a word (issue 59)."""
+    path = str(tmp_path / "agent.pt")
+    plumbing.save_checkpoint(path, "script_a", Args(), global_step=1, next_obs=saved)
+    ckpt = plumbing.load_checkpoint(Args(resume=path), "script_a")
+    line = refused(capsys, lambda: plumbing.resume(ckpt, 1, restart=False, next_obs=part))
+    assert "next_obs" in line and str(tuple(saved.shape)) in line and str(tuple(part.shape)) in line, line
+    same = torch.ones_like(part) if isinstance(part, torch.Tensor) else np.ones_like(part)
+    plumbing.resume(dict(ckpt, next_obs=plumbing.state_of(same)), 1, restart=False, next_obs=part)
+    assert (part == 1).all()
+
+
 def test_a_dqn_checkpoint_of_format_3_resumes(tmp_path):
     """Format 3 held DQN's buffer position beside its rows ("buffer", "buffer_pos", "buffer_full"), format 4 the three
     under "buffer", which the script's ReplayBuffer loads: a file written before reads as one written now."""
