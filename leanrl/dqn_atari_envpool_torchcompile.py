@@ -399,6 +399,7 @@ def main(args: Args):
             buffer=rb,
         )
         global_step = ckpt["global_step"]
+        del ckpt  # its copy of the replay buffer, now in the run's own, is not held for the whole run
     obs, _ = env.reset()
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)

@@ -351,6 +351,7 @@ def main(args: Args):
             episodes=episodes,
             **({} if restart else dict(env=env, obs=obs)),
         )
+        del ckpt  # its copy of the replay buffer, now in the run's own, is not held for the whole run
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
     clock = {}  # each unit's first call, timed: with --compile, its compilation

@@ -255,6 +255,7 @@ def main(args: Args):
             episodes=episodes,
             buffer=rb,
         )
+        del ckpt  # its copy of the replay buffer, now in the run's own, is not held for the whole run
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
     first_update = None
