@@ -88,8 +88,8 @@ class Args:
     save_model: bool = False
     """if toggled, save the networks, optimizer and replay buffer to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
     resume: Optional[str] = None
-    """path of an agent.pt written by --save-model: continue that run from where it stopped (the env's state too: the
-    resumed run goes on as if never stopped)"""
+    """path of an agent.pt written by --save-model: continue that run from where it stopped (the env's state too: with
+    the same flags the resumed run goes on as if never stopped)"""
     num_threads: Optional[int] = None
     """torch intra-op threads (default: torch's own, as in CleanRL: the baseline is measured as its users run it)"""
 

@@ -100,8 +100,8 @@ class Args:
     save_model: bool = False
     """if toggled, save the networks, optimizer and replay buffer to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
     resume: Optional[str] = None
-    """path of an agent.pt written by --save-model: continue that run from where it stopped (the env's state too: the
-    resumed run goes on as if never stopped)"""
+    """path of an agent.pt written by --save-model: continue that run from where it stopped (the env's state too: with
+    the same flags the resumed run goes on as if never stopped)"""
     num_threads: int = 1
     """torch intra-op threads (1 measures fastest for these small layers)"""
 

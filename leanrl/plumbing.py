@@ -321,11 +321,12 @@ def check_run(
     if ckpt is not None and args.total_timesteps - ckpt["global_step"] < step:
         fail(
             f"--resume {args.resume} is already at step {ckpt['global_step']:,} of --total-timesteps "
-            f"{args.total_timesteps:,}: nothing left to train; pass a larger --total-timesteps to go on"
+            f"{args.total_timesteps:,}: nothing left to train; pass a larger --total-timesteps to go on (its schedules "
+            "are then planned over the new total: said in one line)"
         )
     if getattr(args, "compile", False):
         check_compile_cache()
-    warnings = [check_diverged(args, ckpt)] if ckpt is not None else []
+    warnings = [check_diverged(args, ckpt), check_changed(args, ckpt)] if ckpt is not None else []
     warnings += [check_track(args)] if args.track and lead else []
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's ranks on this machine share its cores
     if args.num_threads and args.num_threads * ranks > cores():
@@ -773,6 +774,61 @@ def load_checkpoint(args, script: str, same: tuple = ("env_id",)) -> dict:
         if saved.get(name, getattr(args, name)) != getattr(args, name):
             fail(f"--resume {args.resume} was trained with {flag(name)} {saved[name]}; pass the same")
     return ckpt
+
+
+# flags of how a run runs, not of what it trains: another value on --resume leaves the run the one it would have been
+# (up to float drift under --compile or where the policy acts, or a device change, which restore_rngs says)
+HOW_IT_RUNS = {
+    "exp_name",
+    "cuda",
+    "compile",
+    "compile_async",
+    "cudagraphs",
+    "host_actor",
+    "numpy_act",
+    "split_envs",
+    "dist_timeout",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "capture_video",
+    "measure_burnin",
+    "log_every",
+    "log_dir",
+    "save_model",
+    "resume",
+    "num_threads",
+}
+
+
+def check_changed(args, ckpt: dict) -> Optional[str]:
+    """The flags that shape training (all but HOW_IT_RUNS) whose values differ from the checkpoint's run's: taken, and
+    said in one line with the checkpoint's value beside each (None if none differs). A larger --total-timesteps, which
+    the refusal of a finished run asks for, re-plans the schedules that run to it (the lr's annealing, the
+    exploration's) from the resumed step: said too."""
+    saved = ckpt["args"]
+
+    def differs(name, value) -> bool:
+        if name in HOW_IT_RUNS or name not in saved or value in (None, "auto"):  # None, "auto": resolved as it runs
+            return False
+        old = saved[name]
+        return (list(old) if isinstance(old, (list, tuple)) else old) != (
+            list(value) if isinstance(value, (list, tuple)) else value
+        )
+
+    changed = [name for name, value in asdict(args).items() if differs(name, value)]
+    if not changed:
+        return None
+    said = ", ".join(f"{flag(name)} {getattr(args, name)} (its run's: {saved[name]})" for name in changed)
+    plan = (
+        "; the schedules that run to --total-timesteps (lr annealing, exploration) are planned again from this step"
+        if "total_timesteps" in changed
+        else ""
+    )
+    return (
+        f"warning: --resume {args.resume} goes on with other flags than its run's: {said}{plan}; the run is no longer "
+        "the one it would have been uninterrupted"
+    )
 
 
 def check_diverged(args, ckpt: dict) -> Optional[str]:

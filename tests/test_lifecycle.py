@@ -703,3 +703,24 @@ def test_the_summary_names_the_commit(tmp_path):
         run.log(10, steady=True)
     run.finish(10, final_return=None)
     assert read_summary(tmp_path)["commit"] == head + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def test_a_resume_with_other_training_flags_says_so_in_one_line(tmp_path, capsys):
+    """--resume with other values of the flags that shape training (a learning rate, a minibatch count, the lr's
+    annealing, a larger --total-timesteps, which re-plans the schedules that run to it) is taken, and said in one line
+    naming each, the checkpoint's value beside it: the run is no longer the one it would have been uninterrupted.
+    Flags of how it runs (threads, the log dir, the burn-in, --compile) change nothing it trains, and say nothing."""
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    plumbing.save_checkpoint(str(log_dir / "agent.pt"), "some_script", Args(), global_step=10)
+    resume = str(log_dir / "agent.pt")
+    plumbing.check_run(
+        Args(log_dir=str(log_dir), resume=resume, num_threads=2, measure_burnin=0, compile=True), "some_script"
+    )
+    assert capsys.readouterr().err == ""
+    changed = Args(log_dir=str(log_dir), resume=resume, learning_rate=1e-3, gamma=0.9, total_timesteps=2000)
+    plumbing.check_run(changed, "some_script")
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    for said in ("--learning-rate 0.001 (", "0.00025", "--gamma 0.9 (", "0.99", "--total-timesteps 2000 (", "1000"):
+        assert said in lines[0], lines[0]
