@@ -598,8 +598,8 @@ def state_of(part):
     are."""
     if isinstance(part, (torch.nn.Module, torch.optim.Optimizer)):
         return part.state_dict()
-    if isinstance(part, torch.Generator):
-        return part.get_state()
+    if isinstance(part, torch.Generator):  # its device beside its state: a resume on another one says where it was
+        return dict(state=part.get_state(), device=part.device.type)
     if isinstance(part, np.random.Generator):
         return part.bit_generator.state
     if isinstance(part, torch.Tensor):
@@ -870,22 +870,32 @@ def load_optimizer(optimizer: torch.optim.Optimizer, saved: dict):
 
 
 def restore_rngs(rngs: list, states: list, seeds: list, step: int):
-    """A checkpoint's generator states into the loop's generators (one per seed). A CUDA generator's state is 16 bytes
-    and a CPU one's 5,056: a run moved between a GPU node and a CPU goes on, each generator re-seeded from its seed and
-    the checkpoint's step (the same numbers at every such resume, not the stream the writing run would have drawn),
-    said in one line."""
-    if all(len(state) == len(rng.get_state()) for rng, state in zip(rngs, states)):
-        for rng, state in zip(rngs, states):
+    """A checkpoint's generator states (`state_of`'s: the state and the device it was on; a bare state in checkpoints
+    written before the device was recorded) into the loop's generators (one per seed). A CUDA generator's state is 16
+    bytes and a CPU one's 5,056: a run moved between a GPU node and a CPU goes on, each generator re-seeded from its
+    seed and the checkpoint's step (the same numbers at every such resume, not the stream the writing run would have
+    drawn: from here the run differs from the uninterrupted one), said in one line, by rank 0 of a torchrun job."""
+    written = [(s["state"], s["device"]) if isinstance(s, dict) else (s, None) for s in states]
+    same = [
+        len(state) == len(rng.get_state()) and device in (None, rng.device.type)
+        for rng, (state, device) in zip(rngs, written)
+    ]
+    if all(same):
+        for rng, (state, _) in zip(rngs, written):
             rng.set_state(state)
         return
     for rng, seed in zip(rngs, seeds):
         rng.manual_seed(int(np.random.SeedSequence([seed, step]).generate_state(1)[0]))
-    written = "CUDA" if len(states[0]) == CUDA_RNG_STATE_BYTES else "a CPU"
-    print(
-        f"--resume: a checkpoint written on {written}, resumed on {rngs[0].device.type}: the loop's random generator "
-        f"re-seeded from --seed and step {step}, the run goes on",
-        file=sys.stderr,
-    )
+    state, device = written[same.index(False)]
+    if device is None:  # a checkpoint that records no device: its state's size tells CUDA's from a CPU's
+        device = "cuda" if len(state) == CUDA_RNG_STATE_BYTES else "cpu"
+    if os.environ.get("RANK", "0") == "0":
+        print(
+            f"--resume: a checkpoint written on {dict(cuda='CUDA', cpu='a CPU').get(device, device)}, resumed on "
+            f"{rngs[0].device.type}: the loop's random generator re-seeded from --seed and step {step}, the run goes "
+            "on, its random numbers no longer those of the run uninterrupted",
+            file=sys.stderr,
+        )
 
 
 def env_state(env) -> Optional[dict]:
