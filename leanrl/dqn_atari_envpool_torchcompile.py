@@ -108,6 +108,8 @@ class Args:
 
 def check_args(args: Args) -> Optional[dict]:
     """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    # the env first: a refused env makes every other flag moot
+    plumbing.check_env_id(args.env_id, "atari", "dqn")
     plumbing.positive(
         args, "total_timesteps", "buffer_size", "target_network_frequency", "batch_size", "train_frequency", "log_every"
     )
@@ -124,7 +126,6 @@ def check_args(args: Args) -> Optional[dict]:
         plumbing.fail(
             f"--learning-starts {args.learning_starts} must be less than --total-timesteps {args.total_timesteps}"
         )
-    plumbing.check_env_id(args.env_id, "atari", "dqn")
     # the replay buffer: one uint8 84x84 frame, its age and action (int64), reward and done per transition
     plumbing.check_memory(args, "atari", replay_buffer=args.buffer_size * (84 * 84 + 24))
     return plumbing.check_run(args, SCRIPT, same=("env_id", "buffer_size"), video=False)
@@ -395,6 +396,7 @@ def main(args: Args):
         plumbing.resume(
             ckpt,
             args.seed,
+            restart=True,  # envpool cannot save its envs: they start new episodes
             q_network=q_network,
             target_network=target_network,
             optimizer=optimizer,
@@ -403,6 +405,7 @@ def main(args: Args):
             buffer=rb,
         )
         global_step = ckpt["global_step"]
+        del ckpt  # its copy of the replay buffer, now in the run's own, is not held for the whole run
     obs, _ = env.reset()
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)

@@ -56,7 +56,7 @@ class Args:
     """whether to capture videos of the agent performances (into `<log_dir>/videos`; needs pygame and moviepy)"""
 
     env_id: str = "CartPole-v1"
-    """the id of the environment (discrete-action classic control)"""
+    """the id of the environment (discrete-action classic control or Box2D: CartPole-v1, LunarLander-v3, ...)"""
     total_timesteps: int = 500000
     """total timesteps of the experiments"""
     learning_rate: float = 2.5e-4
@@ -100,14 +100,16 @@ class Args:
     save_model: bool = False
     """if toggled, save the networks, optimizer and replay buffer to `<log_dir>/agent.pt` at the end (and on Ctrl-C)"""
     resume: Optional[str] = None
-    """path of an agent.pt written by --save-model: continue that run from where it stopped (the env's state too: the
-    resumed run goes on as if never stopped)"""
+    """path of an agent.pt written by --save-model: continue that run from where it stopped (the env's state too: with
+    the same flags the resumed run goes on as if never stopped)"""
     num_threads: int = 1
     """torch intra-op threads (1 measures fastest for these small layers)"""
 
 
 def check_args(args: Args) -> Optional[dict]:
     """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    # the env first: a refused env makes every other flag moot
+    plumbing.check_env_id(args.env_id, "classic", "dqn")
     plumbing.positive(
         args, "total_timesteps", "buffer_size", "target_network_frequency", "batch_size", "train_frequency", "log_every"
     )
@@ -124,7 +126,6 @@ def check_args(args: Args) -> Optional[dict]:
         plumbing.fail(
             f"--learning-starts {args.learning_starts} must be less than --total-timesteps {args.total_timesteps}"
         )
-    plumbing.check_env_id(args.env_id, "classic", "dqn")
     # the replay buffer: float32 observation and next observation, an int64 action, reward and done per transition
     n_obs = plumbing.spaces(args.env_id)[0]
     plumbing.check_memory(args, "classic", replay_buffer=args.buffer_size * (2 * n_obs * 4 + 16))
@@ -342,18 +343,21 @@ def main(args: Args):
     global_step = ckpt["global_step"] if ckpt else 0
     obs, _ = env.reset(seed=args.seed + global_step)
     if ckpt:
+        # the envs go on where the checkpoint left them; where it could not hold them (Box2D), new episodes
+        restart = not plumbing.env_saved(ckpt)
         plumbing.resume(
             ckpt,
             args.seed,
+            restart=restart,
             q_network=q_network,
             target_network=target_network,
             optimizer=optimizer,
             buffer=rb,
             rng=rng,
-            episodes=episodes,  # the env resumes too: the episode in flight goes on
-            env=env,  # the env where the checkpoint left it: the resumed run goes on as if never stopped
-            obs=obs,
+            episodes=episodes,
+            **({} if restart else dict(env=env, obs=obs)),
         )
+        del ckpt  # its copy of the replay buffer, now in the run's own, is not held for the whole run
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
     clock = {}  # each unit's first call, timed: with --compile, its compilation

@@ -6,8 +6,8 @@
 - `check_env_id`: an env id of the wrong family names the script that takes it.
 - `check_minibatches`: the PPO scripts' minibatch count divides the batch and leaves no one-row minibatch.
 - `check_memory`: a run whose stores (rollout, replay buffer, env pools) will not fit in memory is refused.
-- `check_run`: the flags every script shares (seed, threads, burn-in, video, `--resume`, `--track`, `--log-dir`),
-  checked last; the log dir claimed (`claim`) for the run's life.
+- `check_run`: the flags every script shares (seed, threads, burn-in, video, `--resume`, `--compile`'s cache folder,
+  `--track`, `--log-dir`), checked last; the log dir claimed (`claim`) for the run's life.
 - `pick_device`: the learner's device; `--cudagraphs` without CUDA is dropped with one line.
 - `envpool_seed`: a derived env seed within envpool's int32.
 - `Run.save` and `resume`: a run's parts (modules, optimizers, generators, envs, episodes, buffers, tensors) into its
@@ -35,6 +35,7 @@ import platform
 import signal
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -143,11 +144,11 @@ def flag(name: str) -> str:
 
 
 def require(args, ok, what: str, *names: str):
-    """Each field in `names` (each value of a tuple field) must pass `ok`, else the run ends with "--name must be
-    <what>, got <value>"."""
+    """Each field in `names` (each value of a tuple or list field) must pass `ok`, else the run ends with "--name must
+    be <what>, got <value>"."""
     for name in names:
         value = getattr(args, name)
-        for v in value if isinstance(value, tuple) else (value,):
+        for v in value if isinstance(value, (tuple, list)) else (value,):
             if v is not None and not ok(v):
                 fail(f"{flag(name)} must be {what}, got {v}")
 
@@ -197,47 +198,98 @@ def check_minibatches(args, batch_size: int):
 
 # where each family's envs come from, and which script takes them, per algorithm
 FAMILIES = {
-    "classic": dict(name="a classic-control task", ppo="ppo.py", dqn="dqn.py"),
+    "classic": dict(name="a discrete-action classic-control or Box2D task", ppo="ppo.py", dqn="dqn.py"),
     "atari": dict(name="an Atari game", ppo="ppo_atari_envpool.py", dqn="dqn_atari_envpool.py"),
     "mujoco": dict(
-        name="a MuJoCo task",
+        name="a continuous-action task",
         ppo="ppo_continuous_action.py",
         sac="sac_continuous_action.py",
         td3="td3_continuous_action.py",
     ),
 }
-EXAMPLES = {"classic": "CartPole-v1", "atari": "Breakout-v5 or Pong-v5", "mujoco": "HalfCheetah-v4 or Hopper-v4"}
+TAKES = {
+    "classic": "discrete-action classic-control and Box2D tasks such as CartPole-v1 or LunarLander-v3",
+    "atari": "Atari games such as Breakout-v5 or Pong-v5",
+    "mujoco": "continuous-action tasks such as HalfCheetah-v4, Hopper-v4 or Pendulum-v1",
+}
+# envpool's families of flat-observation tasks with gymnasium's interface: a Box action space makes one a task of the
+# continuous scripts (MuJoCo's, Pendulum-v1, LunarLanderContinuous-v3), a Discrete one of the classic scripts, which
+# build gymnasium's own (CartPole-v1, LunarLander-v3)
+FLAT = ("envpool.mujoco.gym", "envpool.classic_control", "envpool.box2d")
+GYM_TASKS = ("classic_control", "box2d")
 
 
 def env_family(env_id: str) -> Optional[str]:
-    """ "classic" (Gymnasium's discrete classic control), "atari" or "mujoco" (envpool's), or None if unknown."""
+    """ "classic" (a discrete-action classic-control or Box2D task, which the classic scripts build with gymnasium),
+    "atari", "mujoco" (any continuous-action task envpool ships with a flat observation: MuJoCo's, Pendulum-v1,
+    LunarLanderContinuous-v3), or None if unknown. Read from envpool's spec, without building the env."""
+    import envpool
     import envpool.registration
     import gymnasium as gym
 
-    spec = gym.registry.get(env_id)
-    if spec is not None and "classic_control" in str(spec.entry_point):
-        if isinstance(gym.make(env_id).action_space, gym.spaces.Discrete):
-            return "classic"
-        return "classic-continuous"
     family = envpool.registration.registry.specs.get(env_id, ("",))[0]
     if "atari" in family:
         return "atari"
-    if family == "envpool.mujoco.gym":
+    if family not in FLAT:
+        return None
+    spec = envpool.make_spec(env_id)
+    if len(spec.observation_space.shape) != 1:
+        return None
+    if not hasattr(spec.action_space, "n"):
         return "mujoco"
-    return None
+    gym_spec = gym.registry.get(env_id)
+    entry = str(gym_spec.entry_point) if gym_spec is not None else ""
+    return "classic" if any(f"gymnasium.envs.{task}." in entry for task in GYM_TASKS) else None
+
+
+def envpool_name(env_id: str) -> Optional[str]:
+    """The id envpool gives an env that CleanRL names otherwise, or None: an Atari game's ALE names
+    (`BreakoutNoFrameskip-v4`, `Breakout-v4`, `ALE/Breakout-v5`) are envpool's `Breakout-v5` (CleanRL's wrappers'
+    84x84 grey frames, frame skip 4, are envpool's options); a MuJoCo task of an older version (`Hopper-v2`, for
+    mujoco-py) is its `-v4`, CleanRL's version now, or the newest envpool ships."""
+    import envpool.registration
+
+    specs = envpool.registration.registry.specs
+    name, _, version = env_id.removeprefix("ALE/").rpartition("-v")
+    game = name.removesuffix("NoFrameskip").removesuffix("Deterministic")
+    if f"{game}-v5" in specs and "atari" in specs[f"{game}-v5"][0]:
+        return f"{game}-v5"
+    versions = sorted(
+        int(k.rpartition("-v")[2]) for k, v in specs.items() if k.rpartition("-v")[0] == name and v[0] in FLAT
+    )
+    if not versions or not version.isdigit():
+        return None
+    return f"{name}-v4" if 4 in versions else f"{name}-v{versions[-1]}"
 
 
 def check_env_id(env_id: str, family: str, algo: str):
     """`env_id` belongs to `family` ("classic", "atari" or "mujoco"), else one line naming the script of `algo` that
-    takes it, or saying that none does."""
+    takes it, or saying that none does. A classic script's env that gymnasium cannot build for want of a package (a
+    Box2D task without Box2D or pygame) says what to install."""
     found = env_family(env_id)
+    if found == family == "classic":
+        import gymnasium as gym
+
+        try:
+            gym.envs.registration.load_env_creator(gym.registry[env_id].entry_point)
+        except (gym.error.DependencyNotInstalled, ImportError) as e:
+            missing = str(e).split(",")[0].split(".")[0]
+            fail(f'--env-id {env_id} needs gymnasium\'s Box2D extra ({missing}): pip install "gymnasium[box2d]"')
     if found == family:
         return
-    takes = f"this script takes {FAMILIES[family]['name'].split(' ', 1)[1]}s such as {EXAMPLES[family]}"
+    takes = f"this script takes {TAKES[family]}"
+    if found is None and envpool_name(env_id):  # CleanRL's name for it: the id to use instead
+        name = envpool_name(env_id)
+        other = env_family(name)
+        said = f"--env-id {env_id}: unknown env id here; envpool names it {name}"
+        if other == family:
+            fail(f"{said}: pass --env-id {name}")
+        script = FAMILIES[other].get(algo)
+        if script:
+            fail(f"{said}, {FAMILIES[other]['name']}: pass --env-id {name} to leanrl/{script}")
+        fail(f"{said}, {FAMILIES[other]['name']}; leanrl has no {algo.upper()} script for it ({takes})")
     if found is None:
         fail(f"--env-id {env_id}: unknown env id; {takes}")
-    if found == "classic-continuous":
-        fail(f"--env-id {env_id} has continuous actions; {takes}")
     other = FAMILIES[found].get(algo)
     where = f"use leanrl/{other}" if other else f"leanrl has no {algo.upper()} script for it"
     fail(f"--env-id {env_id} is {FAMILIES[found]['name']}; {where} ({takes})")
@@ -269,9 +321,12 @@ def check_run(
     if ckpt is not None and args.total_timesteps - ckpt["global_step"] < step:
         fail(
             f"--resume {args.resume} is already at step {ckpt['global_step']:,} of --total-timesteps "
-            f"{args.total_timesteps:,}: nothing left to train; pass a larger --total-timesteps to go on"
+            f"{args.total_timesteps:,}: nothing left to train; pass a larger --total-timesteps to go on (its schedules "
+            "are then planned over the new total: said in one line)"
         )
-    warnings = [check_diverged(args, ckpt)] if ckpt is not None else []
+    if getattr(args, "compile", False):
+        check_compile_cache()
+    warnings = [check_diverged(args, ckpt), check_changed(args, ckpt)] if ckpt is not None else []
     warnings += [check_track(args)] if args.track and lead else []
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's ranks on this machine share its cores
     if args.num_threads and args.num_threads * ranks > cores():
@@ -294,6 +349,22 @@ def check_run(
     for line in filter(None, warnings):
         print(line, file=sys.stderr)
     return ckpt
+
+
+def check_compile_cache():
+    """TORCHINDUCTOR_CACHE_DIR, where set, is a folder Inductor can create and write into: else --compile dies at its
+    first compile, with a traceback, after the run has started."""
+    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not path:
+        return
+    try:
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as e:
+        fail(
+            f"TORCHINDUCTOR_CACHE_DIR={path}: Inductor cannot keep its compiled code there ({e.strerror or e}); point "
+            "it at a folder or unset it"
+        )
 
 
 def default_log_dir(args, script: str) -> str:
@@ -334,7 +405,9 @@ def claim(log_dir: str):
 def check_log_dir(args):
     """A `--log-dir` that holds another run's files is refused (the runs' rows, checkpoints and summaries would mix),
     unless `--resume` continues the run that is there."""
+    # an empty metrics.jsonl (left by an older run stopped before its first row) holds no run
     held = [name for name in RUN_FILES if os.path.exists(os.path.join(args.log_dir, name))]
+    held = [name for name in held if name != "metrics.jsonl" or os.path.getsize(os.path.join(args.log_dir, name))]
     if not held:
         return
     resume = getattr(args, "resume", None)  # a measuring tool (bench_env.py) has none
@@ -412,17 +485,12 @@ GIB = 2**30
 
 
 def spaces(env_id: str) -> tuple:
-    """(numbers in one observation, actions: their count if discrete, else their dimensions), from the env's spec
-    without building it (classic control: one gymnasium env, cheap)."""
+    """(numbers in one observation, actions: their count if discrete, else their dimensions), from envpool's spec of
+    the env without building it (it ships every env id `env_family` takes)."""
     import envpool
-    import gymnasium as gym
 
-    if env_family(env_id) == "classic":
-        env = gym.make(env_id)
-        obs, act = env.observation_space, env.action_space
-    else:
-        spec = envpool.make_spec(env_id)
-        obs, act = spec.observation_space, spec.action_space
+    spec = envpool.make_spec(env_id)
+    obs, act = spec.observation_space, spec.action_space
     return math.prod(obs.shape), int(act.n) if hasattr(act, "n") else math.prod(act.shape)
 
 
@@ -530,8 +598,8 @@ def state_of(part):
     are."""
     if isinstance(part, (torch.nn.Module, torch.optim.Optimizer)):
         return part.state_dict()
-    if isinstance(part, torch.Generator):
-        return part.get_state()
+    if isinstance(part, torch.Generator):  # its device beside its state: a resume on another one says where it was
+        return dict(state=part.get_state(), device=part.device.type)
     if isinstance(part, np.random.Generator):
         return part.bit_generator.state
     if isinstance(part, torch.Tensor):
@@ -555,19 +623,38 @@ def state_of(part):
     return part
 
 
-def resume(ckpt: dict, seed: int, **parts):
+def resume(ckpt: dict, seed: int, restart: bool, **parts):
     """`state_of`'s states in `ckpt` back into `parts`, each in place, by the same names: a module's and an
     optimizer's (`load_optimizer`), the loop's generators (`restore_rngs`, re-seeded from `seed`; a list of them, a
     seeds run's, one per member from `seed` on), numpy's, gymnasium envs (which have been reset once), episode
-    returns (whose episodes in flight go on only where the checkpoint holds the env, as `env`), replay buffers
-    (`load`), tensors and arrays (copied into). The loop's counters are the script's to read (`ckpt["global_step"]`)."""
-    env_saved = "env" in parts
+    returns, replay buffers (`load`), tensors and arrays (copied into). `restart`, the caller's to say: the envs start
+    new episodes (envpool's, which no checkpoint holds, or a gymnasium env the checkpoint could not hold: `env_saved`),
+    so the returns of the episodes in flight are dropped; without it they go on, the envs restored among the parts. The
+    loop's counters are the script's to read (`ckpt["global_step"]`)."""
     for name, part in parts.items():
-        load_part(part, ckpt[name], seed, ckpt["global_step"], env_saved)
+        load_part(part, ckpt[name], seed, ckpt["global_step"], restart, name)
 
 
-def load_part(part, saved, seed: int, step: int, env_saved: bool):
-    """One part of `resume`."""
+def env_saved(ckpt: dict) -> bool:
+    """Whether `ckpt` holds its run's envs (`env`): gymnasium's classic control, yes; envpool's, or a gymnasium env
+    whose state `env_state` cannot take (a Box2D world), no: a run resumed from it starts new episodes."""
+    return ckpt.get("env") is not None
+
+
+def same_layout(name: str, saved, shape: tuple, dtype):
+    """A tensor or array of the checkpoint goes back only into one of its own shape and dtype (copy_ and [...] = would
+    broadcast and cast it without a word): else one line, naming the part."""
+    theirs = f"{tuple(saved.shape)} {str(saved.dtype).removeprefix('torch.')}"
+    ours = f"{tuple(shape)} {str(dtype).removeprefix('torch.')}"
+    if theirs != ours:
+        fail(
+            f"--resume: the checkpoint's {name} is {theirs}, this run's {ours}: it was written with other flags; "
+            "resume with the flags it was trained with (its summary.json's)"
+        )
+
+
+def load_part(part, saved, seed: int, step: int, restart: bool, name: str):
+    """One part of `resume` (`name`: where it is, for a message)."""
     if isinstance(part, torch.optim.Optimizer):
         load_optimizer(part, saved)
     elif isinstance(part, torch.nn.Module):
@@ -579,26 +666,28 @@ def load_part(part, saved, seed: int, step: int, env_saved: bool):
     elif isinstance(part, np.random.Generator):
         part.bit_generator.state = saved
     elif isinstance(part, torch.Tensor):
+        same_layout(name, saved, part.shape, part.dtype)
         with torch.no_grad():
             part.copy_(saved)
     elif isinstance(part, np.ndarray):
+        same_layout(name, saved.numpy(), part.shape, part.dtype)
         part[...] = saved.numpy()
     elif is_env(part, vector=True):
         set_vector_env_state(part, saved)
     elif is_env(part, vector=False):
         set_env_state(part, saved)
-    elif type(part) in (Episodes, MemberEpisodes):  # Atari's restart their games always: envpool cannot save one
-        part.load(saved, restart=not env_saved)
+    elif isinstance(part, (Episodes, MemberEpisodes, MemberAtariEpisodes)):
+        part.load(saved, restart=restart)
     elif isinstance(part, dict) or hasattr(part, "items"):  # before `load`: a TensorDict's own loads from disk
-        for name, value in part.items():
-            load_part(value, saved[name], seed, step, env_saved)
+        for key, value in part.items():
+            load_part(value, saved[key], seed, step, restart, f"{name}.{key}")
     elif hasattr(part, "load_state_dict"):
         part.load_state_dict(saved)
     elif hasattr(part, "load") and callable(part.load):
         part.load(saved)
     elif isinstance(part, (list, tuple)):
-        for value, state in zip(part, saved):
-            load_part(value, state, seed, step, env_saved)
+        for i, (value, state) in enumerate(zip(part, saved)):
+            load_part(value, state, seed, step, restart, f"{name}[{i}]")
     else:
         raise TypeError(f"resume: cannot restore a {type(part).__name__} in place")
 
@@ -687,6 +776,61 @@ def load_checkpoint(args, script: str, same: tuple = ("env_id",)) -> dict:
     return ckpt
 
 
+# flags of how a run runs, not of what it trains: another value on --resume leaves the run the one it would have been
+# (up to float drift under --compile or where the policy acts, or a device change, which restore_rngs says)
+HOW_IT_RUNS = {
+    "exp_name",
+    "cuda",
+    "compile",
+    "compile_async",
+    "cudagraphs",
+    "host_actor",
+    "numpy_act",
+    "split_envs",
+    "dist_timeout",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "capture_video",
+    "measure_burnin",
+    "log_every",
+    "log_dir",
+    "save_model",
+    "resume",
+    "num_threads",
+}
+
+
+def check_changed(args, ckpt: dict) -> Optional[str]:
+    """The flags that shape training (all but HOW_IT_RUNS) whose values differ from the checkpoint's run's: taken, and
+    said in one line with the checkpoint's value beside each (None if none differs). A larger --total-timesteps, which
+    the refusal of a finished run asks for, re-plans the schedules that run to it (the lr's annealing, the
+    exploration's) from the resumed step: said too."""
+    saved = ckpt["args"]
+
+    def differs(name, value) -> bool:
+        if name in HOW_IT_RUNS or name not in saved or value in (None, "auto"):  # None, "auto": resolved as it runs
+            return False
+        old = saved[name]
+        return (list(old) if isinstance(old, (list, tuple)) else old) != (
+            list(value) if isinstance(value, (list, tuple)) else value
+        )
+
+    changed = [name for name, value in asdict(args).items() if differs(name, value)]
+    if not changed:
+        return None
+    said = ", ".join(f"{flag(name)} {getattr(args, name)} (its run's: {saved[name]})" for name in changed)
+    plan = (
+        "; the schedules that run to --total-timesteps (lr annealing, exploration) are planned again from this step"
+        if "total_timesteps" in changed
+        else ""
+    )
+    return (
+        f"warning: --resume {args.resume} goes on with other flags than its run's: {said}{plan}; the run is no longer "
+        "the one it would have been uninterrupted"
+    )
+
+
 def check_diverged(args, ckpt: dict) -> Optional[str]:
     """The members of a seeds run's checkpoint that diverged (`Run.finite_members`). A member the file holds no finite
     state of is refused: it would resume as NaN. A member whose last finite state the file kept goes on from it, said
@@ -726,29 +870,42 @@ def load_optimizer(optimizer: torch.optim.Optimizer, saved: dict):
 
 
 def restore_rngs(rngs: list, states: list, seeds: list, step: int):
-    """A checkpoint's generator states into the loop's generators (one per seed). A CUDA generator's state is 16 bytes
-    and a CPU one's 5,056: a run moved between a GPU node and a CPU goes on, each generator re-seeded from its seed and
-    the checkpoint's step (the same numbers at every such resume, not the stream the writing run would have drawn),
-    said in one line."""
-    if all(len(state) == len(rng.get_state()) for rng, state in zip(rngs, states)):
-        for rng, state in zip(rngs, states):
+    """A checkpoint's generator states (`state_of`'s: the state and the device it was on; a bare state in checkpoints
+    written before the device was recorded) into the loop's generators (one per seed). A CUDA generator's state is 16
+    bytes and a CPU one's 5,056: a run moved between a GPU node and a CPU goes on, each generator re-seeded from its
+    seed and the checkpoint's step (the same numbers at every such resume, not the stream the writing run would have
+    drawn: from here the run differs from the uninterrupted one), said in one line, by rank 0 of a torchrun job."""
+    written = [(s["state"], s["device"]) if isinstance(s, dict) else (s, None) for s in states]
+    same = [
+        len(state) == len(rng.get_state()) and device in (None, rng.device.type)
+        for rng, (state, device) in zip(rngs, written)
+    ]
+    if all(same):
+        for rng, (state, _) in zip(rngs, written):
             rng.set_state(state)
         return
     for rng, seed in zip(rngs, seeds):
         rng.manual_seed(int(np.random.SeedSequence([seed, step]).generate_state(1)[0]))
-    written = "CUDA" if len(states[0]) == CUDA_RNG_STATE_BYTES else "a CPU"
-    print(
-        f"--resume: a checkpoint written on {written}, resumed on {rngs[0].device.type}: the loop's random generator "
-        f"re-seeded from --seed and step {step}, the run goes on",
-        file=sys.stderr,
-    )
+    state, device = written[same.index(False)]
+    if device is None:  # a checkpoint that records no device: its state's size tells CUDA's from a CPU's
+        device = "cuda" if len(state) == CUDA_RNG_STATE_BYTES else "cpu"
+    if os.environ.get("RANK", "0") == "0":
+        print(
+            f"--resume: a checkpoint written on {dict(cuda='CUDA', cpu='a CPU').get(device, device)}, resumed on "
+            f"{rngs[0].device.type}: the loop's random generator re-seeded from --seed and step {step}, the run goes "
+            "on, its random numbers no longer those of the run uninterrupted",
+            file=sys.stderr,
+        )
 
 
-def env_state(env) -> dict:
+def env_state(env) -> Optional[dict]:
     """Everything that moves in one gymnasium classic-control env (its physics state, its random generator, its time
-    limit's count): a checkpoint holding it, with the obs the loop holds, resumes bit for bit."""
+    limit's count): a checkpoint holding it, with the obs the loop holds, resumes bit for bit. None for another env (a
+    Box2D world cannot be saved): a run resumed from the checkpoint starts new episodes (`env_saved`)."""
     import gymnasium as gym
 
+    if not type(env.unwrapped).__module__.startswith("gymnasium.envs.classic_control."):
+        return None
     limit = env
     while not isinstance(limit, gym.wrappers.TimeLimit):
         limit = limit.env
@@ -776,9 +933,10 @@ def set_env_state(env, state: dict):
         u.steps_beyond_terminated = state["beyond"]
 
 
-def vector_env_state(envs) -> list:
-    """`env_state` of each env of a gymnasium vector env."""
-    return [env_state(env) for env in envs.envs]
+def vector_env_state(envs) -> Optional[list]:
+    """`env_state` of each env of a gymnasium vector env; None if one of them cannot be saved."""
+    states = [env_state(env) for env in envs.envs]
+    return None if None in states else states
 
 
 def set_vector_env_state(envs, states: list):
@@ -825,7 +983,7 @@ class Episodes:
     def state(self) -> dict:
         return dict(ret=torch.as_tensor(self.ret), finished=torch.tensor(list(self.finished), dtype=torch.float64))
 
-    def load(self, state: dict, restart: bool = False):
+    def load(self, state: dict, restart: bool):
         """The state of `state()`; `restart`: the envs could not be saved and start new episodes, so the returns of the
         episodes in flight are dropped."""
         self.ret = np.zeros_like(self.ret) if restart else state["ret"].numpy().copy()
@@ -863,7 +1021,10 @@ class AtariEpisodes(Episodes):
             lengths=torch.tensor(list(self.lengths), dtype=torch.float64),
         )
 
-    def load(self, state: dict):
+    def load(self, state: dict, restart: bool):
+        """The finished games of `state()`; `restart` must be said: envpool cannot save a game, the games restart."""
+        if not restart:
+            raise ValueError("AtariEpisodes: envpool cannot save a game in flight; resume with restart=True")
         self.finished.extend(state["returns"].tolist())
         self.lengths.extend(state["lengths"].tolist())
 
@@ -889,9 +1050,9 @@ class MemberAtariEpisodes:
     def state(self) -> dict:
         return dict(members=[member.state() for member in self.members])
 
-    def load(self, state: dict):
+    def load(self, state: dict, restart: bool):
         for member, saved in zip(self.members, state["members"]):
-            member.load(saved)
+            member.load(saved, restart)
 
 
 class MemberEpisodes:
@@ -924,10 +1085,27 @@ class MemberEpisodes:
         members = [torch.tensor(list(finished), dtype=torch.float64) for finished in self.members]
         return dict(ret=torch.as_tensor(self.ret), members=members)
 
-    def load(self, state: dict, restart: bool = False):
+    def load(self, state: dict, restart: bool):
         self.ret = np.zeros_like(self.ret) if restart else state["ret"].numpy().copy()
         for finished, saved in zip(self.members, state["members"]):
             finished.extend(saved.tolist())
+
+
+def git_commit() -> Optional[str]:
+    """The commit of the code that runs (git's short hash, "-dirty" if a tracked file differs from it), or None where
+    git or the repository is not at hand (a script copied out): summary.json records it, so that a report never mixes
+    commits unawares."""
+    git = ["git", "-C", os.path.dirname(os.path.abspath(__file__))]
+    try:
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        status = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode or status.returncode:
+        return None
+    return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
 
 
 def cores() -> int:
@@ -1084,13 +1262,14 @@ class Run:
         self.first_interval = None
         self.steady_intervals = []
         self.wandb = None
-        self.metrics = None
+        self.metrics = None  # opened at the first row: a run stopped before it leaves no empty file in its folder
+        self.metrics_path = os.path.join(args.log_dir, "metrics.jsonl") if lead else None
+        self.logged_step = start_step  # the step of the last row: what a run stopped mid-iteration has done
+        self.commit = git_commit()
         self.start = self.last = time.perf_counter()
         if lead:
-            path = os.path.join(args.log_dir, "metrics.jsonl")
-            if start_step and os.path.exists(path):
-                keep_rows_until(path, start_step)
-            self.metrics = open(path, "a", buffering=1)
+            if start_step and os.path.exists(self.metrics_path):
+                keep_rows_until(self.metrics_path, start_step)
             if args.track:
                 import wandb
 
@@ -1185,15 +1364,20 @@ class Run:
             self.diverge(global_step, list(broken), f"at step {global_step:,}", said)
         if members is not None:
             row["members"] = members
-        if self.metrics:
+        if self.metrics_path:
             try:
+                self.metrics = self.metrics or open(self.metrics_path, "a", buffering=1)
                 self.metrics.write(json.dumps(strict_json(row)) + "\n")
             except OSError as e:
                 self.cannot_log(e)
+        self.logged_step = global_step
         if self.wandb:
             self.wandb.log(row, step=global_step)
         self.bar.update(global_step - self.bar.n)
-        self.bar.set_postfix(fps=f"{self.fps or 0:.0f}", ret=f"{row.get('episodic_return') or 0:.1f}", refresh=False)
+        # what the row says: "-" where it has no number yet (no steady state, no finished episode), not a 0
+        ret = row.get("episodic_return")
+        fps = "-" if self.fps is None else f"{self.fps:.0f}"
+        self.bar.set_postfix(fps=fps, ret="-" if ret is None else f"{ret:.1f}", refresh=False)
         self.stop.logged = True
         return row
 
@@ -1272,10 +1456,11 @@ class Run:
     def cannot_log(self, error: OSError):
         """metrics.jsonl can take no more rows (a full disk): the run stops here as Ctrl-C stops it, its checkpoint and
         summary still tried, and exits 1."""
-        path = self.metrics.name
-        with contextlib.suppress(OSError):  # the row it holds back fails again
+        path = self.metrics_path
+        with contextlib.suppress(OSError, AttributeError):  # the row it holds back fails again (None: the open failed)
             self.metrics.close()
         self.metrics = None
+        self.metrics_path = None
         UNWRITTEN.append(path)
         self.stop.set = True
         self.say(f"error: could not write {path} ({error.strerror or error}); the run stops at this step")
@@ -1300,10 +1485,14 @@ class Run:
 
     def finish(self, global_step: int, final_return: Optional[float], compile_time: Optional[float] = None, **extra):
         """summary.json (and wandb's summary), one closing line on stderr; exit code 1 if a final write failed, 130 if
-        the run was stopped."""
+        the run was stopped. A run stopped mid-iteration (a second Ctrl-C, a divergence) counts the steps of its last
+        row, which its metrics and checkpoint hold, not those of the half-done iteration."""
+        if not self.consistent:
+            global_step = self.logged_step
         if self.lead:
             summary = dict(
                 script=self.script,
+                commit=self.commit,
                 env_id=self.args.env_id,
                 seed=self.args.seed,
                 flags=asdict(self.args),

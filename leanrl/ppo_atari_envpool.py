@@ -98,6 +98,8 @@ class Args:
 
 def check_args(args: Args) -> Optional[dict]:
     """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    # the env first: a refused env makes every other flag moot
+    plumbing.check_env_id(args.env_id, "atari", "ppo")
     plumbing.positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
     plumbing.positive_finite(args, "learning_rate", "clip_coef", "max_grad_norm", "target_kl")
     plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
@@ -111,7 +113,6 @@ def check_args(args: Args) -> Optional[dict]:
             "ppo_atari_envpool.py is the eager baseline; --cudagraphs needs the units of "
             "leanrl/ppo_atari_envpool_torchcompile.py"
         )
-    plumbing.check_env_id(args.env_id, "atari", "ppo")
     # the rollout: float32 frames and five floats (action, log-prob, reward, done, value) per env step
     plumbing.check_memory(args, "atari", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 5) * 4)
     return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), step=batch_size)
@@ -205,6 +206,7 @@ def main(args: Args):
         plumbing.resume(
             ckpt,
             args.seed,
+            restart=True,  # envpool cannot save its envs: they start new episodes
             agent=agent,
             optimizer=optimizer,
             torch_rng=torch.default_generator,

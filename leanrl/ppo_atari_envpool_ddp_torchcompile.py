@@ -142,6 +142,8 @@ class Args:
 
 def check_args(args: Args) -> Optional[dict]:
     """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    # the env first: a refused env makes every other flag moot
+    plumbing.check_env_id(args.env_id, "atari", "ppo")
     plumbing.positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
     plumbing.positive_finite(args, "learning_rate", "clip_coef", "max_grad_norm", "target_kl", "dist_timeout")
     plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
@@ -153,7 +155,6 @@ def check_args(args: Args) -> Optional[dict]:
         plumbing.fail(
             f"--total-timesteps {args.total_timesteps} is below one batch ({batch_size} steps x {world_size} ranks)"
         )
-    plumbing.check_env_id(args.env_id, "atari", "ppo")
     # the rollout: uint8 frames, an int64 action and four floats (log-prob, reward, done, value) per env step
     plumbing.check_memory(args, "atari", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 24))
     same = ("env_id", "num_envs", "num_steps")
@@ -540,7 +541,10 @@ def main(args: Args):
     start_iteration = 1
     if ckpt:
         ckpt.update(ckpt["ranks"][rank])  # this rank's own RNG and statistics
-        plumbing.resume(ckpt, args.seed + rank, agent=agent, optimizer=optimizer, rng=rng, episodes=episodes)
+        # envpool cannot save its envs: they start new episodes
+        plumbing.resume(
+            ckpt, args.seed + rank, restart=True, agent=agent, optimizer=optimizer, rng=rng, episodes=episodes
+        )
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
     next_obs = torch.from_numpy(np.concatenate([envs.reset()[0] for _, envs in pools])).to(device)

@@ -148,6 +148,8 @@ class Args:
 
 def check_args(args: Args) -> Optional[dict]:
     """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    # the env first: a refused env makes every other flag moot
+    plumbing.check_env_id(args.env_id, "atari", "ppo")
     plumbing.positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
     plumbing.positive_finite(args, "learning_rate", "clip_coef", "max_grad_norm", "target_kl")
     plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
@@ -158,7 +160,6 @@ def check_args(args: Args) -> Optional[dict]:
     plumbing.check_minibatches(args, batch_size)
     if args.total_timesteps < batch_size:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
-    plumbing.check_env_id(args.env_id, "atari", "ppo")
     # the rollout: uint8 frames, an int64 action and four floats (log-prob, reward, done, value) per env step
     plumbing.check_memory(args, "atari", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 24))
     return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps", "prune_mode"), step=batch_size)
@@ -502,7 +503,8 @@ def main(args: Args):
     global_step = 0
     start_iteration = 1
     if ckpt:
-        plumbing.resume(ckpt, args.seed, agent=agent, optimizer=optimizer, rng=rng, episodes=episodes)
+        # envpool cannot save its envs: they start new episodes
+        plumbing.resume(ckpt, args.seed, restart=True, agent=agent, optimizer=optimizer, rng=rng, episodes=episodes)
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
     next_obs = torch.from_numpy(np.concatenate([envs.reset()[0] for _, envs in pools])).to(device)

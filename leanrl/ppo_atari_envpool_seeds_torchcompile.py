@@ -145,6 +145,8 @@ class Args:
 
 def check_args(args: Args) -> Optional[dict]:
     """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    # the env first: a refused env makes every other flag moot
+    plumbing.check_env_id(args.env_id, "atari", "ppo")
     plumbing.positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "num_seeds")
     if args.target_kl is not None:
         plumbing.fail(
@@ -159,7 +161,6 @@ def check_args(args: Args) -> Optional[dict]:
     plumbing.check_minibatches(args, batch_size)
     if args.total_timesteps < batch_size:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
-    plumbing.check_env_id(args.env_id, "atari", "ppo")
     # the rollout: uint8 frames, an int64 action and four floats (log-prob, reward, done, value) per env step
     plumbing.check_memory(
         args, "atari", args.num_seeds, rollout=args.num_seeds * batch_size * (plumbing.spaces(args.env_id)[0] + 24)
@@ -497,7 +498,8 @@ def main(args: Args):
     global_step = 0
     start_iteration = 1
     if ckpt:
-        plumbing.resume(ckpt, args.seed, agent=params, optimizer=optimizer, rng=rngs, episodes=episodes)
+        # envpool cannot save its envs: they start new episodes
+        plumbing.resume(ckpt, args.seed, restart=True, agent=params, optimizer=optimizer, rng=rngs, episodes=episodes)
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1
     resets = [np.stack([envs.reset()[0] for envs in group]) for _, group in pools]  # [members, a pool's envs, ...]

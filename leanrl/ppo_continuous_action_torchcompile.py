@@ -69,7 +69,7 @@ class Args:
     script takes the same flags)"""
 
     env_id: str = "HalfCheetah-v4"
-    """the id of the environment (an envpool MuJoCo task with the Gymnasium interface)"""
+    """the id of the environment (any continuous-action envpool task: MuJoCo's, Pendulum-v1, ...)"""
     total_timesteps: int = 1000000
     """total timesteps of the experiments"""
     learning_rate: float = 3e-4
@@ -133,6 +133,8 @@ class Args:
 
 def check_args(args: Args) -> Optional[dict]:
     """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    # the env first: a refused env makes every other flag moot
+    plumbing.check_env_id(args.env_id, "mujoco", "ppo")
     plumbing.positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
     plumbing.positive_finite(args, "learning_rate", "clip_coef", "max_grad_norm", "target_kl")
     plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
@@ -141,7 +143,6 @@ def check_args(args: Args) -> Optional[dict]:
     plumbing.check_minibatches(args, batch_size)
     if args.total_timesteps < batch_size:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
-    plumbing.check_env_id(args.env_id, "mujoco", "ppo")
     # the rollout: float32 observations and actions, and four floats (log-prob, reward, done, value) per env step
     plumbing.check_memory(args, "mujoco", rollout=batch_size * (sum(plumbing.spaces(args.env_id)) + 4) * 4)
     return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), step=batch_size)
@@ -563,6 +564,7 @@ def main(args: Args):
         plumbing.resume(
             ckpt,
             args.seed,
+            restart=True,  # envpool cannot save its envs: they start new episodes
             agent=agent,
             optimizer=optimizer,
             normalizer=normalizer,

@@ -88,7 +88,7 @@ class Args:
     """whether to capture videos of the agent performances (into `<log_dir>/videos`; needs pygame and moviepy)"""
 
     env_id: str = "CartPole-v1"
-    """the id of the environment (discrete-action classic control)"""
+    """the id of the environment (discrete-action classic control or Box2D: CartPole-v1, LunarLander-v3, ...)"""
     total_timesteps: int = 500000
     """total timesteps of the experiments"""
     learning_rate: float = 2.5e-4
@@ -160,6 +160,8 @@ class Args:
 
 def check_args(args: Args) -> Optional[dict]:
     """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    # the env first: a refused env makes every other flag moot
+    plumbing.check_env_id(args.env_id, "classic", "ppo")
     plumbing.positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
     plumbing.positive_finite(args, "learning_rate", "clip_coef", "max_grad_norm", "target_kl")
     plumbing.non_negative_finite(args, "ent_coef", "vf_coef")
@@ -169,7 +171,6 @@ def check_args(args: Args) -> Optional[dict]:
     plumbing.check_minibatches(args, batch_size)
     if args.total_timesteps < batch_size:
         plumbing.fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
-    plumbing.check_env_id(args.env_id, "classic", "ppo")
     # the rollout: float32 observations and five floats (action, log-prob, reward, done, value) per env step
     plumbing.check_memory(args, "classic", rollout=batch_size * (plumbing.spaces(args.env_id)[0] + 5) * 4)
     return plumbing.check_run(
@@ -559,16 +560,17 @@ def main(args: Args):
     next_obs, _ = envs.reset(seed=args.seed)
     next_done = np.zeros(args.num_envs, dtype=bool)
     if ckpt:
+        # the envs go on where the checkpoint left them; where it could not hold them (Box2D), new episodes
+        restart = not plumbing.env_saved(ckpt)
         plumbing.resume(
             ckpt,
             args.seed,
+            restart=restart,
             agent=agent,
             optimizer=optimizer,
             rng=rng,
-            env=envs,
-            next_obs=next_obs,
-            next_done=next_done,
             episodes=episodes,
+            **({} if restart else dict(env=envs, next_obs=next_obs, next_done=next_done)),
         )
         global_step = ckpt["global_step"]
         start_iteration = ckpt["iteration"] + 1

@@ -49,7 +49,7 @@ class Args:
     script takes the same flags)"""
 
     env_id: str = "HalfCheetah-v4"
-    """the id of the environment (an envpool MuJoCo task with the Gymnasium interface)"""
+    """the id of the environment (any continuous-action envpool task: MuJoCo's, Pendulum-v1, ...)"""
     total_timesteps: int = 1000000
     """total timesteps of the experiments"""
     num_envs: int = 1
@@ -97,6 +97,8 @@ class Args:
 
 def check_args(args: Args) -> Optional[dict]:
     """Every flag checked before any work, a mistake refused in one line; returns the checkpoint to resume, if any."""
+    # the env first: a refused env makes every other flag moot
+    plumbing.check_env_id(args.env_id, "mujoco", "td3")
     plumbing.positive(args, "total_timesteps", "buffer_size", "batch_size", "policy_frequency", "log_every")
     plumbing.positive_finite(args, "learning_rate")
     plumbing.non_negative_finite(args, "learning_starts", "exploration_noise", "noise_clip", "policy_noise")
@@ -108,11 +110,11 @@ def check_args(args: Args) -> Optional[dict]:
         plumbing.fail(
             f"--learning-starts {args.learning_starts} leaves no update in --total-timesteps {args.total_timesteps}"
         )
-    plumbing.check_env_id(args.env_id, "mujoco", "td3")
     # the replay buffer: float32 observation and next observation, action, reward and done per transition
     n_obs, n_actions = plumbing.spaces(args.env_id)
     plumbing.check_memory(args, "mujoco", replay_buffer=args.buffer_size * (2 * n_obs + n_actions + 2) * 4)
-    return plumbing.check_run(args, SCRIPT)
+    # the checkpoint's ring buffer goes back into one of its size: a smaller one cannot hold its rows or position
+    return plumbing.check_run(args, SCRIPT, same=("env_id", "buffer_size"))
 
 
 class ReplayBuffer:
@@ -237,6 +239,7 @@ def main(args: Args):
         plumbing.resume(
             ckpt,
             args.seed,
+            restart=True,  # envpool cannot save its envs: they start new episodes
             actor=actor,
             qf1=qf1,
             qf2=qf2,
@@ -252,6 +255,7 @@ def main(args: Args):
             episodes=episodes,
             buffer=rb,
         )
+        del ckpt  # its copy of the replay buffer, now in the run's own, is not held for the whole run
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
     first_update = None

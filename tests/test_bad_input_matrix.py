@@ -195,3 +195,35 @@ def test_main_checks_before_any_work(name, tmp_path):
         "--total-timesteps",
     )
     assert not log_dir.exists() or not any(log_dir.iterdir())
+
+
+def test_the_env_id_is_checked_before_the_budget_flags(script, tmp_path, capsys, monkeypatch):
+    """A refused env id is said first: a user who also got a budget flag wrong (a negative --total-timesteps) does not
+    fix it only to learn then that the env is refused (issue 59)."""
+    name, module = script
+    code, err = check(
+        module, ["--env-id", "NoSuchEnv-v9", "--total-timesteps", "-1"], tmp_path / "run", capsys, monkeypatch
+    )
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "--env-id NoSuchEnv-v9" in lines[0], err
+
+
+@pytest.mark.parametrize("name", [s for s in SCRIPTS if "continuous_action" in s])
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "MountainCarContinuous-v0", "HalfCheetah-v4"])
+def test_a_continuous_script_takes_every_box_action_env(name, env_id, tmp_path, capsys, monkeypatch):
+    """CleanRL's continuous scripts take any Box-action env; envpool 1.2.5 ships Pendulum-v1 and
+    MountainCarContinuous-v0 beside MuJoCo's (issue 59: they were refused for having continuous actions)."""
+    code, err = check(load_script(name), ["--env-id", env_id], tmp_path / "run", capsys, monkeypatch)
+    assert code == 0, err
+
+
+def test_an_inductor_cache_dir_that_is_a_file_is_refused_before_any_work(script, tmp_path, capsys, monkeypatch):
+    """TORCHINDUCTOR_CACHE_DIR naming a file: --compile would die in its first compile with a traceback, after the log
+    dir was made (issue 59); it is one line before any work, naming the variable."""
+    name, module = script
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "file"))
+    code, err = check(module, ["--compile"], tmp_path / "run", capsys, monkeypatch)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "TORCHINDUCTOR_CACHE_DIR" in lines[0], err
+    assert not (tmp_path / "run").exists()

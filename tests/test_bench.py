@@ -366,3 +366,36 @@ def test_mujoco_versions_without_mujoco_says_so():
     if importlib.util.find_spec("mujoco") is not None:
         pytest.skip("mujoco is installed here")
     assert_user_error(run_tool("mujoco_versions.py", "--steps", "5"), "mujoco package")
+
+
+@pytest.mark.parametrize(
+    "tool,flags,words",
+    [
+        # bench_seeds.py checked --processes only after its whole ordinary phase (issue 59)
+        ("bench_seeds.py", ["--num-seeds", "3", "--processes", "2"], ["--num-seeds 3", "--processes 2"]),
+        ("bench_seeds.py", ["--processes", "0"], ["--processes"]),
+        ("bench_seeds.py", ["--num-seeds", "0"], ["--num-seeds"]),
+        ("bench_seeds.py", ["--total-timesteps", "-5"], ["--total-timesteps"]),
+        ("bench_seeds.py", ["--sizes", "0"], ["--sizes"]),
+        ("bench_idiom.py", ["--families", "nope"], ["--families", "nope"]),
+        ("bench_idiom.py", ["--idioms", "nope"], ["--idioms", "nope"]),
+        ("bench_idiom.py", ["--seeds", "-1"], ["--seeds"]),
+    ],
+)
+def test_bench_tools_refuse_bad_flags_before_any_work(tool, flags, words, tmp_path):
+    """One line and exit code 2 before any run starts: nothing is written into --out. (A small budget: where a check is
+    missing, the tool's runs start, and fail the test, at little cost.)"""
+    out = tmp_path / "out"
+    budget = ["--total-timesteps", "512"] if tool == "bench_seeds.py" and "--total-timesteps" not in flags else []
+    assert_user_error(run_tool(tool, *budget, *flags, "--out", str(out)), *words)
+    assert not out.exists()
+
+
+def test_bench_scaling_refuses_an_out_dir_it_cannot_write_before_any_run(tmp_path):
+    """bench_scaling.py created --out-dir only after every world size had run, then lost the numbers to a traceback."""
+    (tmp_path / "file").write_text("")
+    out_dir = tmp_path / "file" / "scaling"
+    flags = ["--max-world-size", "1", "--total-timesteps", "2048", "--num-envs", "1", "--no-compile"]
+    proc = run_tool("bench_scaling.py", *flags, "--out-dir", str(out_dir))
+    assert_user_error(proc, "--out-dir")
+    assert "world size 1" not in proc.stderr  # refused before the first run

@@ -422,3 +422,18 @@ def test_learns_cartpole(tmp_path):
     run_script("dqn_torchcompile.py", "--compile", "--seed", "1", log_dir=tmp_path, timeout=1800)
     best = max(r["episodic_return"] or 0 for r in read_metrics(tmp_path))
     assert best >= 475, f"best mean return {best}"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_box2d_task_trains_and_resumes(script, tmp_path):
+    """LunarLander-v3, which CleanRL's dqn.py runs (gymnasium's, with Box2D installed): a run with --save-model and its
+    resume go through; the checkpoint cannot hold a Box2D world (its `env` is None), so the resumed run starts a new
+    episode (issue 59)."""
+    pytest.importorskip("Box2D")
+    pytest.importorskip("pygame")
+    flags = ["--env-id", "LunarLander-v3", *TINY[2:], "--buffer-size", "1000"]
+    run_script(script, *flags, "--total-timesteps", "400", "--save-model", log_dir=tmp_path / "first")
+    assert torch.load(tmp_path / "first" / "agent.pt", weights_only=True)["env"] is None
+    resume = ["--resume", str(tmp_path / "first" / "agent.pt")]
+    run_script(script, *flags, "--total-timesteps", "600", *resume, log_dir=tmp_path / "resumed")
+    assert [r["global_step"] for r in read_metrics(tmp_path / "resumed")] == [500, 600]

@@ -209,7 +209,7 @@ def test_buffer_holds_cleanrl_transitions(name, size):
 
 BAD_INPUT = [
     (["--env-id", "CartPole-v1"], ["classic-control", "dqn.py"]),
-    (["--env-id", "HalfCheetah-v4"], ["MuJoCo", "no DQN script"]),
+    (["--env-id", "HalfCheetah-v4"], ["continuous-action", "no DQN script"]),
     (["--env-id", "NoSuchGame-v5"], ["unknown env id"]),
     (["--batch-size", "64", "--buffer-size", "32"], ["--batch-size", "--buffer-size"]),
     (["--capture-video"], ["envpool renders no frames"]),
@@ -245,3 +245,37 @@ def test_check_args_names_the_flag(name, field, value, capsys):
     with pytest.raises(SystemExit) as e:
         module.check_args(module.Args(**{field: value}))
     assert e.value.code == 2 and f"--{field.replace('_', '-')}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["dqn_atari_envpool", "dqn_atari_envpool_torchcompile"])
+def test_a_resumed_run_frees_the_checkpoint_it_loaded(name, tmp_path, monkeypatch):
+    """The checkpoint's replay buffer (a million frames: 7 GB at the defaults) is copied into the run's own buffer on
+    resume; the loaded copy must not stay alive for the whole run beside it (issue 59). A weak reference to the
+    loaded frames is dead by the time the resumed run starts its loop."""
+    import gc
+    import weakref
+
+    import plumbing
+    from test_dqn import run_in_process
+
+    module = load_script(name)
+    first = ["--log-dir", str(tmp_path / "first"), "--save-model"]
+    run_in_process(module, monkeypatch, *TINY[2:], "--total-timesteps", "200", *first)
+    loaded, alive = [], []
+    load_checkpoint, run_init = plumbing.load_checkpoint, plumbing.Run.__init__
+
+    def recording_load(*args, **kwargs):
+        ckpt = load_checkpoint(*args, **kwargs)
+        loaded.append(weakref.ref(ckpt["buffer"]["data"]["frames"]))
+        return ckpt
+
+    def checking_init(self, *args, **kwargs):
+        gc.collect()
+        alive.append(loaded[0]() is not None)
+        run_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(plumbing, "load_checkpoint", recording_load)
+    monkeypatch.setattr(plumbing.Run, "__init__", checking_init)
+    resume = ["--resume", str(tmp_path / "first" / "agent.pt"), "--log-dir", str(tmp_path / "resumed")]
+    run_in_process(module, monkeypatch, *TINY[2:], "--total-timesteps", "250", *resume)
+    assert alive == [False]

@@ -649,3 +649,78 @@ def test_a_seeds_run_names_the_member_that_diverged_and_goes_on(tmp_path, capsys
         0: dict(global_step=30, losses=["pg_loss"]),
     }
     assert run.diverged == dict(global_step=20, losses=["members[1].pg_loss", "members[0].pg_loss"], members=[2, 1])
+
+
+# --- issue 59: the edges of a stop, and the commit ------------------------------------------------------------------
+
+
+def test_a_second_ctrl_c_records_the_step_of_the_last_log_line(tmp_path):
+    """A second Ctrl-C ends the loop mid-iteration: summary.json's global_step is the last logged one (the one the
+    metrics and the checkpoint hold), not the half-done iteration's steps."""
+    run = plumbing.Run(Args(log_dir=str(tmp_path)), "some_script", CPU, total_steps=100)
+    with run:
+        run.log(40, steady=True)
+        raise KeyboardInterrupt  # the second Ctrl-C, 10 steps into the next iteration
+    with pytest.raises(SystemExit) as e:
+        run.finish(50, final_return=None)
+    summary = read_summary(tmp_path)
+    assert e.value.code == 130 and summary["global_step"] == 40 and summary["interrupted"] is True
+
+
+STOPPED_EARLY = (
+    PLUMBING_PROGRAM
+    + """
+os.makedirs(sys.argv[1])
+run = plumbing.Run(A(sys.argv[1]), "s", None, total_steps=100)
+os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C before the first log line: the run stops at once
+time.sleep(30)
+"""
+)
+
+
+def test_a_run_stopped_before_its_first_log_line_leaves_its_folder_free(tmp_path):
+    """A run stopped before its first log line wrote no row: it leaves no metrics.jsonl (it left a 0-byte one, which
+    refused every later run into its own folder), and a 0-byte one an older run left holds no run either."""
+    proc = run_command([sys.executable, "-c", STOPPED_EARLY, str(tmp_path / "run")], tmp_path / "early", timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    plumbing.check_run(Args(log_dir=str(tmp_path / "run")), "some_script")
+    (tmp_path / "older").mkdir()
+    (tmp_path / "older" / "metrics.jsonl").write_text("")
+    plumbing.check_run(Args(log_dir=str(tmp_path / "older")), "some_script")
+
+
+def test_the_summary_names_the_commit(tmp_path):
+    """summary.json records the commit the run's code is at (git's own short hash, '-dirty' for uncommitted changes to
+    tracked files), so that a report cannot mix commits unawares."""
+    import subprocess
+
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    run = plumbing.Run(Args(log_dir=str(tmp_path)), "some_script", CPU, total_steps=10)
+    with run:
+        run.log(10, steady=True)
+    run.finish(10, final_return=None)
+    assert read_summary(tmp_path)["commit"] == head + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def test_a_resume_with_other_training_flags_says_so_in_one_line(tmp_path, capsys):
+    """--resume with other values of the flags that shape training (a learning rate, a minibatch count, the lr's
+    annealing, a larger --total-timesteps, which re-plans the schedules that run to it) is taken, and said in one line
+    naming each, the checkpoint's value beside it: the run is no longer the one it would have been uninterrupted.
+    Flags of how it runs (threads, the log dir, the burn-in, --compile) change nothing it trains, and say nothing."""
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    plumbing.save_checkpoint(str(log_dir / "agent.pt"), "some_script", Args(), global_step=10)
+    resume = str(log_dir / "agent.pt")
+    plumbing.check_run(
+        Args(log_dir=str(log_dir), resume=resume, num_threads=2, measure_burnin=0, compile=True), "some_script"
+    )
+    assert capsys.readouterr().err == ""
+    changed = Args(log_dir=str(log_dir), resume=resume, learning_rate=1e-3, gamma=0.9, total_timesteps=2000)
+    plumbing.check_run(changed, "some_script")
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    for said in ("--learning-rate 0.001 (", "0.00025", "--gamma 0.9 (", "0.99", "--total-timesteps 2000 (", "1000"):
+        assert said in lines[0], lines[0]

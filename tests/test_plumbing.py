@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -103,12 +104,23 @@ def test_an_unset_optional_flag_passes_its_rule():
     [
         ("Breakout-v5", "classic", "ppo", ["Atari", "leanrl/ppo_atari_envpool.py"]),
         ("Breakout-v5", "classic", "dqn", ["Atari", "leanrl/dqn_atari_envpool.py"]),
-        ("HalfCheetah-v4", "atari", "ppo", ["MuJoCo", "leanrl/ppo_continuous_action.py"]),
-        ("HalfCheetah-v4", "classic", "dqn", ["MuJoCo", "no DQN script"]),
+        ("HalfCheetah-v4", "atari", "ppo", ["continuous-action", "leanrl/ppo_continuous_action.py"]),
+        ("HalfCheetah-v4", "classic", "dqn", ["continuous-action", "no DQN script"]),
         ("CartPole-v1", "mujoco", "sac", ["classic-control", "no SAC script"]),
         ("CartPole-v1", "atari", "ppo", ["classic-control", "leanrl/ppo.py"]),
-        ("Pendulum-v1", "classic", "ppo", ["continuous actions"]),
+        ("Pendulum-v1", "classic", "ppo", ["continuous-action", "leanrl/ppo_continuous_action.py"]),
+        ("MountainCarContinuous-v0", "classic", "dqn", ["continuous-action", "no DQN script"]),
+        # CleanRL's ppo.py and dqn.py run LunarLander-v3: the classic scripts take it, with or without Box2D here
+        ("LunarLander-v3", "mujoco", "sac", ["discrete-action", "no SAC script"]),
+        ("LunarLander-v3", "atari", "dqn", ["discrete-action", "leanrl/dqn.py"]),
         ("NoSuchEnv-v9", "mujoco", "td3", ["unknown env id", "HalfCheetah-v4"]),
+        # CleanRL's own names (dqn_atari's default, the MuJoCo-v2 era's): the id to use instead (issue 59)
+        ("BreakoutNoFrameskip-v4", "atari", "dqn", ["unknown env id", "--env-id Breakout-v5"]),
+        ("ALE/Pong-v5", "atari", "ppo", ["--env-id Pong-v5"]),
+        ("SpaceInvadersNoFrameskip-v4", "classic", "ppo", ["--env-id SpaceInvaders-v5", "leanrl/ppo_atari_envpool.py"]),
+        ("Hopper-v2", "mujoco", "td3", ["unknown env id", "--env-id Hopper-v4"]),
+        ("Walker2d-v2", "mujoco", "sac", ["--env-id Walker2d-v4"]),
+        ("HalfCheetah-v2", "classic", "dqn", ["names it HalfCheetah-v4", "no DQN script"]),
     ],
 )
 def test_an_env_of_another_family_names_the_script_that_takes_it(env_id, family, algo, words, capsys):
@@ -118,9 +130,78 @@ def test_an_env_of_another_family_names_the_script_that_takes_it(env_id, family,
         assert word in line, line
 
 
-@pytest.mark.parametrize("env_id,family", [("CartPole-v1", "classic"), ("Pong-v5", "atari"), ("Hopper-v4", "mujoco")])
+@pytest.mark.parametrize(
+    "env_id,family",
+    [
+        ("CartPole-v1", "classic"),
+        ("Pong-v5", "atari"),
+        ("Hopper-v4", "mujoco"),
+        # CleanRL's continuous scripts take any Box-action env: envpool ships these classic-control ones (issue 59)
+        ("Pendulum-v1", "mujoco"),
+        ("MountainCarContinuous-v0", "mujoco"),
+        ("LunarLanderContinuous-v3", "mujoco"),  # envpool's own Box2D: no package to install
+    ],
+)
 def test_an_env_of_the_family_passes(env_id, family):
     plumbing.check_env_id(env_id, family, "ppo")
+
+
+def without_box2d(monkeypatch):
+    """Box2D (and gymnasium's Box2D envs, which import it) not importable, as on a machine without it."""
+    monkeypatch.setitem(sys.modules, "Box2D", None)
+    for name in [name for name in sys.modules if name.startswith("gymnasium.envs.box2d")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+def test_a_box2d_env_without_its_packages_says_how_to_install_them(capsys, monkeypatch):
+    """LunarLander-v3 for the classic scripts (gymnasium builds it) needs Box2D and pygame: one line naming the
+    install, not "unknown env id" (issue 59)."""
+    without_box2d(monkeypatch)
+    line = refused(capsys, plumbing.check_env_id, "LunarLander-v3", "classic", "dqn")
+    assert "--env-id LunarLander-v3" in line and 'pip install "gymnasium[box2d]"' in line, line
+
+
+def test_a_box2d_env_with_its_packages_passes():
+    pytest.importorskip("Box2D")
+    pytest.importorskip("pygame")
+    plumbing.check_env_id("LunarLander-v3", "classic", "ppo")
+
+
+class Unsaved(gym.Env):
+    """A gymnasium env whose state the checkpoint cannot hold (as Box2D's physics world): not classic control."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,))
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, dtype=np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, dtype=np.float32), 1.0, False, False, {}
+
+
+def test_envs_a_checkpoint_cannot_hold_restart_their_episodes(tmp_path):
+    """A vector env of an env whose state cannot be saved is saved as None; the checkpoint says so (`env_saved`), and a
+    resume with `restart` drops the returns of the episodes in flight, one without keeps them."""
+    envs = gym.vector.SyncVectorEnv([Unsaved, Unsaved])
+    envs.reset(seed=0)
+    episodes = plumbing.Episodes(2)
+    episodes.record(np.array([1.0, 2.0]), np.array([False, True]))
+    episodes.record(np.array([3.0, 4.0]), np.array([False, False]))
+    path = str(tmp_path / "agent.pt")
+    plumbing.save_checkpoint(path, "script_a", Args(), global_step=2, env=envs, episodes=episodes)
+    ckpt = plumbing.load_checkpoint(Args(resume=path), "script_a")
+    assert ckpt["env"] is None and not plumbing.env_saved(ckpt)
+    restarted, kept = plumbing.Episodes(2), plumbing.Episodes(2)
+    plumbing.resume(ckpt, 1, restart=True, episodes=restarted)
+    plumbing.resume(ckpt, 1, restart=False, episodes=kept)
+    assert list(restarted.ret) == [0.0, 0.0] and list(kept.ret) == [4.0, 4.0]
+    assert list(restarted.finished) == list(kept.finished) == [2.0]
+    classic = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")])
+    classic.reset(seed=0)
+    plumbing.save_checkpoint(path, "script_a", Args(), global_step=2, env=classic)
+    assert plumbing.env_saved(plumbing.load_checkpoint(Args(resume=path), "script_a"))
 
 
 def test_check_run_resolves_and_creates_the_log_dir(tmp_path, monkeypatch):
@@ -212,19 +293,42 @@ def test_an_atari_checkpoint_of_format_3_resumes(tmp_path):
     assert loaded["single"]["episodes"].keys() == now["episodes"].keys()
 
     resumed = plumbing.AtariEpisodes(2)
-    plumbing.resume(loaded["single"], 1, episodes=resumed)
+    plumbing.resume(loaded["single"], 1, restart=True, episodes=resumed)
     assert list(resumed.finished) == list(single.finished) and list(resumed.lengths) == list(single.lengths)
     from_now = plumbing.AtariEpisodes(2)
-    plumbing.resume(plumbing.load_checkpoint(Args(resume=str(path)), "script_a"), 1, episodes=from_now)
+    plumbing.resume(plumbing.load_checkpoint(Args(resume=str(path)), "script_a"), 1, restart=True, episodes=from_now)
     assert list(from_now.finished) == list(single.finished)
     for rank, episodes in enumerate(ranks):
         ckpt = dict(loaded["ddp"], **loaded["ddp"]["ranks"][rank])
         resumed = plumbing.AtariEpisodes(2)
-        plumbing.resume(ckpt, 1, episodes=resumed)
+        plumbing.resume(ckpt, 1, restart=True, episodes=resumed)
         assert list(resumed.finished) == list(episodes.finished) and list(resumed.lengths) == list(episodes.lengths)
     resumed = plumbing.MemberAtariEpisodes(2, 2)
-    plumbing.resume(loaded["seeds"], 1, episodes=resumed)
+    plumbing.resume(loaded["seeds"], 1, restart=True, episodes=resumed)
     assert list(resumed.members[1].finished) == [3.0, 7.0] and not resumed.members[0].finished
+
+
+@pytest.mark.parametrize(
+    "saved,part",
+    [
+        (torch.zeros(1), torch.zeros(4)),  # copy_ broadcast one env's obs over four
+        (torch.zeros(4, dtype=torch.float64), torch.zeros(4)),  # and cast float64 to float32
+        (torch.zeros(2, 3), torch.zeros(3, 2)),
+        (np.zeros(4, dtype=bool), np.zeros(4, dtype=np.float32)),  # [...] = casts a done flag to a float
+        (np.zeros(1), np.zeros(4)),
+    ],
+)
+def test_resume_refuses_a_tensor_or_array_of_another_shape_or_dtype(saved, part, tmp_path, capsys):
+    """A tensor or an array goes back only into one of its own shape and dtype: copy_ and [...] = would broadcast and
+    cast it without a word (issue 59)."""
+    path = str(tmp_path / "agent.pt")
+    plumbing.save_checkpoint(path, "script_a", Args(), global_step=1, next_obs=saved)
+    ckpt = plumbing.load_checkpoint(Args(resume=path), "script_a")
+    line = refused(capsys, lambda: plumbing.resume(ckpt, 1, restart=False, next_obs=part))
+    assert "next_obs" in line and str(tuple(saved.shape)) in line and str(tuple(part.shape)) in line, line
+    same = torch.ones_like(part) if isinstance(part, torch.Tensor) else np.ones_like(part)
+    plumbing.resume(dict(ckpt, next_obs=plumbing.state_of(same)), 1, restart=False, next_obs=part)
+    assert (part == 1).all()
 
 
 def test_a_dqn_checkpoint_of_format_3_resumes(tmp_path):
@@ -257,7 +361,7 @@ def test_episodes_match_a_reference_and_resume():
     for reward, done in zip(rewards[:150], dones[:150]):
         episodes.record(reward, done)
     resumed = plumbing.Episodes(3, window=7)
-    resumed.load(episodes.state())
+    resumed.load(episodes.state(), restart=False)
     for reward, done in zip(rewards[150:], dones[150:]):
         resumed.record(reward, done)
     expected = reference_returns(rewards, dones, 7)
@@ -312,6 +416,19 @@ def test_run_logs_rows_fps_and_summary(tmp_path, capsys):
     assert {"device", "torch", "cpu", "gpu", "num_threads", "wall_time"} <= summary.keys()
     err = capsys.readouterr().err
     assert err.count("compiling the units on their first call") == 1 and "40 steps" in err
+
+
+def test_the_bar_shows_no_return_before_an_episode_has_finished(tmp_path):
+    """The progress bar's return is the row's: none ("-") while metrics.jsonl says null, 0.0 only for a real 0 (issue
+    59: it showed ret=0.0 before any episode had finished); the same for fps before steady state."""
+    run = plumbing.Run(Args(log_dir=str(tmp_path)), "some_script", torch.device("cpu"), total_steps=40)
+    shown = []
+    with run:
+        for step, ret in ((10, None), (20, 0.0), (30, -3.5), (40, None)):
+            run.log(step, steady=step >= 20, episodic_return=ret)
+            shown.append(dict(item.split("=") for item in run.bar.postfix.split(", ")))
+    assert [s["ret"] for s in shown] == ["-", "0.0", "-3.5", "-"]
+    assert shown[0]["fps"] == "-" and shown[1]["fps"] == "-" and float(shown[2]["fps"]) > 0
 
 
 def test_untimed_seconds_are_left_out_of_the_fps_and_the_compile_time(tmp_path, monkeypatch):

@@ -352,7 +352,7 @@ def test_learns_cartpole(tmp_path):
 BAD_INPUT = [
     (["--env-id", "NoSuchEnv-v9"], ["unknown env id"]),
     (["--env-id", "Breakout-v5"], ["Atari", "ppo_atari_envpool.py"]),
-    (["--env-id", "Pendulum-v1"], ["continuous"]),
+    (["--env-id", "Pendulum-v1"], ["continuous-action", "ppo_continuous_action.py"]),
     (["--num-minibatches", "3"], ["does not divide"]),
     (["--total-timesteps", "0"], ["--total-timesteps"]),
     (["--resume", "/nonexistent/agent.pt"], ["no such file"]),
@@ -437,3 +437,29 @@ def test_resume_rejects_other_config(script, tmp_path):
         check=False,
     )
     assert_user_error(proc, "--num-steps 64")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_box2d_task_trains_and_resumes(script, tmp_path):
+    """LunarLander-v3, which CleanRL's ppo.py runs (gymnasium's, with Box2D installed): a smoke run with --save-model
+    and its resume go through. The checkpoint cannot hold a Box2D world (its `env` is None): the resumed run starts
+    new episodes, its step count going on from the checkpoint's (issue 59)."""
+    pytest.importorskip("Box2D")
+    pytest.importorskip("pygame")
+    first = tmp_path / "first"
+    run_script(script, "--env-id", "LunarLander-v3", *SMOKE, "--num-threads", "1", "--save-model", log_dir=first)
+    assert torch.load(first / "agent.pt", weights_only=True)["env"] is None
+    run_script(
+        script,
+        *SMOKE[:4],
+        "--total-timesteps",
+        "384",
+        "--env-id",
+        "LunarLander-v3",
+        "--num-threads",
+        "1",
+        "--resume",
+        str(first / "agent.pt"),
+        log_dir=tmp_path / "resumed",
+    )
+    assert [r["global_step"] for r in read_metrics(tmp_path / "resumed")] == [320, 384]

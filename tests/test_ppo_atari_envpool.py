@@ -276,7 +276,7 @@ def test_classic_control_id_names_the_right_script(script, log_dir):
 @pytest.mark.parametrize("script", [*SCRIPTS, "ppo_atari_envpool_compile_async_torchcompile.py"])
 def test_mujoco_id_is_refused(script, log_dir):
     proc = run_script(script, "--env-id", "HalfCheetah-v4", *SMOKE, log_dir=log_dir, check=False)
-    assert_user_error(proc, "HalfCheetah-v4", "MuJoCo", "Atari")
+    assert_user_error(proc, "HalfCheetah-v4", "continuous-action", "Atari")
     assert not log_dir.exists()
 
 

@@ -16,11 +16,14 @@ import torch
 
 import plumbing
 from conftest import (
+    SMOKE,
     assert_rejected,
     check_ppo_smoke_logs,
     load_script,
+    read_metrics,
     resume_ppo_smoke,
     run_ids,
+    run_script,
     script_fixture,
     smoke_fixture,
 )
@@ -592,3 +595,14 @@ CASES = [(s, *case) for s, case in zip(SCRIPTS, DISCRETE)] + [(SCRIPTS[1], *case
 @pytest.mark.parametrize("script,flags,words", CASES, ids=[f"{s[:-3]} {' '.join(f)}" for s, f, _ in CASES])
 def test_bad_input(script, flags, words, log_dir):
     assert_rejected(script, flags, words, log_dir)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_classic_control_task_with_continuous_actions_trains(script, log_dir):
+    """Pendulum-v1 (envpool's, a Box action in [-2, 2]) is what the continuous scripts are for, as CleanRL's
+    ppo_continuous_action.py takes any Box-action env: a smoke run of it goes through, its return a Pendulum's
+    (every step's reward is in [-16.3, 0], an episode is 200 steps)."""
+    run_script(script, "--env-id", "Pendulum-v1", *SMOKE[:4], "--total-timesteps", "512", log_dir=log_dir)
+    rows = read_metrics(log_dir)
+    assert rows[-1]["global_step"] == 512
+    assert -16.3 * 200 <= rows[-1]["episodic_return"] <= 0

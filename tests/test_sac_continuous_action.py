@@ -7,6 +7,7 @@ The smoke budget: 600 steps, updates from step 200, batch 32 in a buffer of 500 
 
 import functools
 import math
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from tensordict import from_module
 
+import plumbing
 from conftest import assert_rejected, load_script, read_metrics, read_summary, run_script, script_fixture, smoke_runs
 
 SCRIPTS = [f"{algo}_continuous_action{v}.py" for algo in ("sac", "td3") for v in ("", "_torchcompile")]
@@ -372,3 +374,33 @@ def test_a_baselines_checkpoint_from_cuda_resumes_on_a_cpu(script, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--resume: a checkpoint written on CUDA, resumed on cpu" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("script", ["sac_continuous_action.py", "td3_continuous_action_torchcompile.py"])
+def test_a_classic_control_task_with_continuous_actions_trains(script, tmp_path):
+    """MountainCarContinuous-v0 (envpool's, one action in [-1, 1]) trains as CleanRL's SAC and TD3 take any Box-action
+    env: the run goes through, its actor scaled to the env's action bounds."""
+    flags = ["--env-id", "MountainCarContinuous-v0", "--total-timesteps", "400", *TINY[2:], "--save-model"]
+    run_script(script, *flags, log_dir=tmp_path / "run")
+    assert read_metrics(tmp_path / "run")[-1]["global_step"] == 400
+    actor = torch.load(tmp_path / "run" / "agent.pt", weights_only=True)["actor"]
+    assert actor["action_scale"].tolist() == [1.0] and actor["action_bias"].tolist() == [0.0]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("buffer_size", [300, 400, 2000])
+def test_resume_takes_the_checkpoints_buffer_size_only(script, buffer_size, tmp_path, capsys, monkeypatch):
+    """The checkpoint's ring buffer (1,000 rows, 400 written) goes back into a buffer of the same size: a smaller one
+    was a traceback at load (300) or an IndexError at the first add, the run's folder left with an empty metrics.jsonl
+    (400), and a larger one would sample the empty rows past a wrapped ring; refused in one line, as DQN refuses it."""
+    ckpt = tmp_path / "agent.pt"
+    saved = dict(seed=1, env_id="HalfCheetah-v4", buffer_size=1000)
+    torch.save(dict(script=script[:-3], format=4, args=saved, global_step=400), ckpt)
+    module = load_script(script[:-3])
+    argv = ["--buffer-size", str(buffer_size), "--resume", str(ckpt), "--log-dir", str(tmp_path / "run")]
+    monkeypatch.setattr(sys, "argv", [script, *argv])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        module.check_args(plumbing.parse_args(module.Args))
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert e.value.code == 2 and len(lines) == 1 and "--buffer-size 1000" in lines[0], lines

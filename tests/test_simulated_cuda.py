@@ -18,6 +18,7 @@ from torch.optim.adam import adam
 
 import cudagraph_contract as contract
 import plumbing
+from test_plumbing import Args
 
 CUDA_STATE = torch.zeros(plumbing.CUDA_RNG_STATE_BYTES, dtype=torch.uint8)
 
@@ -176,3 +177,34 @@ def test_a_cpu_checkpoint_resumed_on_cuda_goes_on_reseeded_from_seed_and_step(ca
     again = CudaGenerator()
     plumbing.restore_rngs([again], [cpu_state], [3], 100)
     assert again.seeded == seeds[0]
+
+
+def test_the_reseed_line_names_the_writing_device_the_checkpoint_records(tmp_path, capsys):
+    """A checkpoint records each generator's device beside its state (the state's size guessed it: 16 bytes "CUDA",
+    anything else "a CPU"); the line names that device and says that the run now differs from the uninterrupted one
+    (issue 59). A checkpoint of the format before (a bare state) resumes as it did."""
+    path = str(tmp_path / "agent.pt")
+    plumbing.save_checkpoint(path, "script_a", Args(), global_step=100, rng=torch.Generator().manual_seed(3))
+    saved = plumbing.load_checkpoint(Args(resume=path), "script_a")["rng"]
+    assert saved["device"] == "cpu" and torch.equal(saved["state"], torch.Generator().manual_seed(3).get_state())
+    other = dict(state=torch.zeros(44, dtype=torch.uint8), device="mps")  # another device's generator, another size
+    plumbing.restore_rngs([torch.Generator()], [other], [3], 100)
+    line = one_line(capsys)
+    assert "written on mps, resumed on cpu" in line and "no longer" in line, line
+    resumed = torch.Generator()
+    plumbing.resume(dict(global_step=100, rng=saved), 3, restart=True, rng=resumed)
+    assert torch.equal(draws(resumed), draws(torch.Generator().manual_seed(3))) and capsys.readouterr().err == ""
+    old = torch.Generator()
+    plumbing.resume(dict(global_step=100, rng=saved["state"]), 3, restart=True, rng=old)
+    assert torch.equal(draws(old), draws(torch.Generator().manual_seed(3))) and capsys.readouterr().err == ""
+
+
+def test_the_reseed_line_is_said_by_rank_0_only(capsys, monkeypatch):
+    """Under torchrun every rank restores its own generator: the line comes once, from rank 0, not once a rank."""
+    monkeypatch.setenv("RANK", "1")
+    rng = torch.Generator()
+    plumbing.restore_rngs([rng], [CUDA_STATE], [3], 100)
+    assert capsys.readouterr().err == ""
+    again = torch.Generator()
+    plumbing.restore_rngs([again], [CUDA_STATE], [3], 100)
+    assert torch.equal(draws(rng), draws(again)), "re-seeded all the same"

@@ -32,9 +32,11 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import tyro
 
 LEANRL = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(LEANRL))  # plumbing.py is in leanrl/, one up
+import plumbing  # noqa: E402
+
 IDIOMS = ("functional", "leanrl", "leanrl-ca", "leanrl-step")
 # family: script, the sweep's budget flags (run.sh), env steps per update call at the scripts' defaults (PPO: a
 # minibatch, 512 steps / 16 minibatches for CartPole, 2048 / 320 for HalfCheetah; SAC: a critic and an actor step;
@@ -66,9 +68,22 @@ class Args:
     """folder of the runs and the table (table.md, results.json)"""
 
 
+def check_args(args: Args):
+    """Every flag checked before any run starts: a mistake is one line and exit code 2, not a traceback."""
+    for name, known in (("families", FAMILIES), ("idioms", IDIOMS)):
+        values = getattr(args, name)
+        unknown = [v for v in values if v not in known]
+        if not values:
+            plumbing.fail(f"--{name}: give at least one of {', '.join(known)}")
+        if unknown:
+            plumbing.fail(f"--{name} {' '.join(unknown)}: not one of {', '.join(known)}")
+    plumbing.require(args, lambda v: 0 <= v < 2**31, "in [0, 2**31)", "seeds")
+    if not args.seeds:
+        plumbing.fail("--seeds: give at least one seed")
+    plumbing.check_compile_cache()  # every run compiles
+
+
 def load(script: str):
-    if str(LEANRL) not in sys.path:  # the scripts import plumbing from their folder
-        sys.path.insert(0, str(LEANRL))
     spec = importlib.util.spec_from_file_location(script, LEANRL / f"{script}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -291,6 +306,7 @@ def measure(log_dir: Path) -> dict:
 
 
 def main(args: Args):
+    check_args(args)
     out = Path(args.out)
     results = {}
     for seed in args.seeds:
@@ -329,4 +345,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
         worker(sys.argv[2], sys.argv[3], sys.argv[4:])
     else:
-        main(tyro.cli(Args))
+        main(plumbing.parse_args(Args))

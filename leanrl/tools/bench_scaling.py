@@ -74,6 +74,13 @@ def check_args(args: Args) -> list:
             f"--scaling strong shares --num-envs {args.num_envs} out among 1..{top} ranks: pick a multiple of "
             f"{math.lcm(*sizes)}"
         )
+    if args.compile:
+        plumbing.check_compile_cache()
+    try:  # made now: the numbers of a sweep that ran for an hour are not lost to a folder that cannot be written
+        os.makedirs(args.out_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.out_dir).close()
+    except OSError as e:
+        plumbing.fail(f"--out-dir {args.out_dir}: cannot write there ({e.strerror or e})")
     if args.total_timesteps < args.num_envs * args.num_steps * (args.measure_burnin + 1):
         plumbing.fail(
             f"--total-timesteps {args.total_timesteps} leaves no iteration after the {args.measure_burnin} of "

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional
 
-import tyro
-
 LEANRL = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(LEANRL))  # plumbing.py is in leanrl/, one up
+import plumbing  # noqa: E402
+
 FAMILIES = {
     "classic": ("ppo_torchcompile", "ppo_seeds_torchcompile"),
     "mujoco": ("ppo_continuous_action_torchcompile", "ppo_continuous_action_seeds_torchcompile"),
@@ -53,6 +54,22 @@ class Args:
     """where the runs, table.md and results.json go"""
     timeout: Optional[float] = 3600
     """seconds a run may take before it is stopped"""
+
+
+def check_args(args: Args):
+    """Every flag checked before any run starts: a mistake is one line and exit code 2, not a traceback after the
+    ordinary way's runs."""
+    plumbing.positive(args, "num_seeds", "total_timesteps", "processes", "sizes", "timeout")
+    plumbing.require(args, lambda v: 0 <= v < 2**31, "in [0, 2**31)", "seed")
+    if args.num_seeds % args.processes:
+        plumbing.fail(
+            f"--num-seeds {args.num_seeds} does not share out among --processes {args.processes}: pick a multiple of it"
+        )
+    plumbing.check_compile_cache()  # every run compiles
+    try:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        plumbing.fail(f"--out {args.out}: cannot write there ({e.strerror or e})")
 
 
 def launch(script: str, log_dir: Path, core: Optional[int], *flags: str) -> subprocess.Popen:
@@ -129,6 +146,7 @@ def stacked(args: Args, script: str, n: int, out: Path, processes: int = 1) -> d
 
 
 def main(args: Args):
+    check_args(args)
     base, script = FAMILIES[args.family]
     out = Path(args.out)
     results = dict(
@@ -139,8 +157,6 @@ def main(args: Args):
         date=time.strftime("%Y-%m-%d"),
     )
     results["ordinary"] = ordinary(args, base, out / "ordinary")
-    if args.num_seeds % args.processes:
-        raise SystemExit(f"--num-seeds {args.num_seeds} does not share out among --processes {args.processes}")
     way = out / f"seeds{args.num_seeds}-in-{args.processes}"
     results["seeds"] = stacked(args, script, args.num_seeds, way, args.processes)
     results["cpu"] = results["seeds"]["cpu"]  # as the scripts name it: the model and the cores this process may use
@@ -173,4 +189,4 @@ def main(args: Args):
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(plumbing.parse_args(Args))
