@@ -217,6 +217,7 @@ def main(args: Args):
             optimizer=optimizer,
             buffer=rb,
             torch_rng=torch.default_generator,
+            device_rng=plumbing.device_generator(device),  # on a GPU, its own: what the samplers draw from
             np_rng=rng,
             episodes=episodes,
             **({} if restart else dict(env=env, obs=obs)),
@@ -313,6 +314,7 @@ def main(args: Args):
         buffer=rb,
         global_step=global_step,
         torch_rng=torch.default_generator,
+        device_rng=plumbing.device_generator(device),  # on a GPU, its own: what the samplers draw from
         np_rng=rng,
         episodes=episodes,
         env=env,

@@ -300,6 +300,7 @@ def main(args: Args):
             target_network=target_network,
             optimizer=optimizer,
             torch_rng=torch.default_generator,
+            device_rng=plumbing.device_generator(device),  # on a GPU, its own: what the samplers draw from
             np_rng=rng,
             episodes=episodes,  # envpool cannot snapshot a game: the one in flight is lost
             buffer=rb,
@@ -390,6 +391,7 @@ def main(args: Args):
         optimizer=optimizer,
         global_step=global_step,
         torch_rng=torch.default_generator,
+        device_rng=plumbing.device_generator(device),  # on a GPU, its own: what the samplers draw from
         np_rng=rng,
         episodes=episodes,
         buffer=lambda: rb.state(obs[0, -1]),  # built only if the checkpoint is written: a copy of the whole buffer

@@ -632,7 +632,37 @@ def resume(ckpt: dict, seed: int, restart: bool, **parts):
     so the returns of the episodes in flight are dropped; without it they go on, the envs restored among the parts. The
     loop's counters are the script's to read (`ckpt["global_step"]`)."""
     for name, part in parts.items():
+        if name not in ckpt and isinstance(part, torch.Generator):  # a checkpoint written before it was saved
+            unsaved_generator(part, name, seed, ckpt["global_step"])
+            continue
         load_part(part, ckpt[name], seed, ckpt["global_step"], restart, name)
+
+
+def device_generator(device: torch.device) -> torch.Generator:
+    """The default generator of the learner's device, which torch's samplers draw from when given none (a Categorical's
+    or a Normal's sample, torch.randint): the GPU's own CUDA generator, the CPU's on the host. The eager baselines save
+    it beside the CPU's (`torch_rng`): a resumed GPU run would otherwise replay the first segment's noise."""
+    if device.type != "cuda":
+        return torch.default_generator
+    if not torch.cuda.default_generators:  # made as CUDA initializes
+        torch.cuda.init()
+    return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+
+
+def unsaved_generator(rng: torch.Generator, name: str, seed: int, step: int):
+    """A generator the checkpoint holds no state of (written before it was saved: the CUDA default one, `device_rng`).
+    A CPU one is the CPU's default generator, which `torch_rng` restores: left as it is. A CUDA one is re-seeded from
+    the seed and the step (as it was, it would replay the first run's noise), said in one line."""
+    if rng.device.type == "cpu":
+        return
+    rng.manual_seed(int(np.random.SeedSequence([seed, step]).generate_state(1)[0]))
+    if os.environ.get("RANK", "0") == "0":
+        print(
+            f"--resume: the checkpoint holds no {name} (written before it was saved): the {rng.device.type} "
+            f"generator re-seeded from --seed and step {step}, the run goes on, its random numbers no longer those of "
+            "the run uninterrupted",
+            file=sys.stderr,
+        )
 
 
 def env_saved(ckpt: dict) -> bool:

@@ -213,6 +213,7 @@ def main(args: Args):
             agent=agent,
             optimizer=optimizer,
             torch_rng=torch.default_generator,
+            device_rng=plumbing.device_generator(device),  # on a GPU, its own: what the samplers draw from
             np_rng=rng,
             episodes=episodes,
             **({} if restart else dict(env=envs, next_obs=next_obs, next_done=next_done)),
@@ -357,6 +358,7 @@ def main(args: Args):
         agent=agent,
         optimizer=optimizer,
         torch_rng=torch.default_generator,
+        device_rng=plumbing.device_generator(device),  # on a GPU, its own: what the samplers draw from
         np_rng=rng,
         env=envs,
         next_obs=next_obs,

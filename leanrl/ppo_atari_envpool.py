@@ -210,6 +210,7 @@ def main(args: Args):
             agent=agent,
             optimizer=optimizer,
             torch_rng=torch.default_generator,
+            device_rng=plumbing.device_generator(device),  # on a GPU, its own: what the samplers draw from
             np_rng=rng,
             episodes=episodes,
         )
@@ -358,6 +359,7 @@ def main(args: Args):
         agent=agent,
         optimizer=optimizer,
         torch_rng=torch.default_generator,
+        device_rng=plumbing.device_generator(device),  # on a GPU, its own: what the samplers draw from
         np_rng=rng,
         episodes=episodes,
     )

@@ -296,6 +296,7 @@ def main(args: Args):
             optimizer=optimizer,
             normalizer=normalizer,
             torch_rng=torch.default_generator,
+            device_rng=plumbing.device_generator(device),  # on a GPU, its own: what the samplers draw from
             np_rng=rng,
             episodes=episodes,  # the envs start new episodes
         )
@@ -447,6 +448,7 @@ def main(args: Args):
         iteration=iteration,
         global_step=global_step,
         torch_rng=torch.default_generator,
+        device_rng=plumbing.device_generator(device),  # on a GPU, its own: what the samplers draw from
         np_rng=rng,
         episodes=episodes,
     )

@@ -276,6 +276,7 @@ def main(args: Args):
             log_alpha=log_alpha,
             rng=rng,
             torch_rng=torch.default_generator,
+            device_rng=plumbing.device_generator(device),  # on a GPU, its own: what the samplers draw from
             np_rng=np_rng,
             # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
             episodes=episodes,
@@ -402,6 +403,7 @@ def main(args: Args):
         log_alpha=log_alpha,
         rng=rng,
         torch_rng=torch.default_generator,
+        device_rng=plumbing.device_generator(device),  # on a GPU, its own: what the samplers draw from
         np_rng=np_rng,
         episodes=episodes,
         buffer=rb,

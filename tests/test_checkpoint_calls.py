@@ -50,3 +50,18 @@ def test_one_resume_call_and_one_save_call(script):
         if loads and "ckpt" in ast.unparse(node):  # a target network copied from its network is the algorithm's
             found.append(f"{ast.unparse(node)} in main")
     assert not found, f"{script}: " + "; ".join(found)
+
+
+EAGER = [s for s in SCRIPTS if "torchcompile" not in s and not s.startswith("tools")]
+
+
+@pytest.mark.parametrize("script", EAGER)
+def test_an_eager_baseline_saves_and_restores_its_devices_generator(script):
+    """The eager baselines sample from torch's default generators, on a GPU the CUDA one: the checkpoint holds it
+    (`device_rng=plumbing.device_generator(device)`, beside `torch_rng`), or a resumed GPU run replays the first
+    segment's noise (issue 59)."""
+    tree = ast.parse((ROOT / "leanrl" / script).read_text())
+    main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
+    for call in calls(main, "plumbing", "resume") + calls(main, "run", "save"):
+        given = {k.arg: ast.unparse(k.value) for k in call.keywords}
+        assert given.get("device_rng") == "plumbing.device_generator(device)", (script, ast.unparse(call.func))

@@ -208,3 +208,39 @@ def test_the_reseed_line_is_said_by_rank_0_only(capsys, monkeypatch):
     again = torch.Generator()
     plumbing.restore_rngs([again], [CUDA_STATE], [3], 100)
     assert torch.equal(draws(rng), draws(again)), "re-seeded all the same"
+
+
+def test_the_device_generator_is_the_cuda_default_one_on_a_gpu(monkeypatch):
+    """What the eager baselines sample from on a GPU (a Categorical's, a Normal's sample, torch.randint without a
+    generator) is the device's default generator, which no checkpoint saved (issue 59): `device_generator` names it, the
+    CPU's on a CPU."""
+    gpus = (CudaGenerator(), CudaGenerator())
+    monkeypatch.setattr(torch.cuda, "default_generators", gpus)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert plumbing.device_generator(torch.device("cuda", 0)) is gpus[0]
+    assert plumbing.device_generator(torch.device("cuda")) is gpus[1]
+    assert plumbing.device_generator(torch.device("cpu")) is torch.default_generator
+
+
+def test_a_checkpoint_without_the_cuda_generator_resumes_it_reseeded(capsys):
+    """A checkpoint written before the device's generator was saved: a CUDA one is re-seeded from the seed and the
+    step, said in one line (it would replay the first run's noise); the CPU's is the one `torch_rng` restores, left
+    as it is, without a word."""
+
+    class CudaDefault(torch.Generator):
+        """A torch.Generator as resume sees the CUDA default one: on cuda, re-seeded by manual_seed."""
+
+        device = torch.device("cuda")
+        seeded = None
+
+        def manual_seed(self, seed):
+            self.seeded = seed
+            return self
+
+    gpu = CudaDefault()
+    plumbing.resume(dict(global_step=100), 3, restart=True, device_rng=gpu)
+    line = one_line(capsys)
+    assert gpu.seeded is not None and "device_rng" in line and "100" in line, line
+    cpu = torch.Generator().manual_seed(5)
+    plumbing.resume(dict(global_step=100), 3, restart=True, device_rng=cpu)
+    assert torch.equal(draws(cpu), draws(torch.Generator().manual_seed(5))) and capsys.readouterr().err == ""
