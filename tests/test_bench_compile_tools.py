@@ -56,8 +56,22 @@ def test_cold_compile_phases_split_torchs_counters():
     assert phases == {"dynamo": 2.0, "aot": 1.5, "lowering": 2.0, "codegen": 1.0, "build": 3.0, "c++": 3.5}
 
 
+def test_cold_compile_takes_inductor_options_written_out():
+    """Beside the named sets, any Inductor options as key=value pairs, values read as Python literals."""
+    options = bench_cold_compile.options_of("cpp.simdlen=1,max_autotune=True")
+    assert options == {"cpp.simdlen": 1, "max_autotune": True}
+    assert bench_cold_compile.options_of("both") == {"cpp_wrapper": True, "max_autotune": True}
+    assert bench_cold_compile.valid_options("cpp_cache_precompile_headers=False")
+    assert not bench_cold_compile.valid_options("cpp.no_such_option=1")
+    assert not bench_cold_compile.valid_options("max_autotune=")
+
+
 def test_cold_compile_refuses_an_unknown_family_or_option_set(tmp_path):
     tool = ROOT / "leanrl" / "tools" / "bench_cold_compile.py"
-    for flags, word in ((["--families", "nope"], "nope"), (["--options", "fast"], "fast")):
+    for flags, word in (
+        (["--families", "nope"], "nope"),
+        (["--options", "fast"], "fast"),
+        (["--options", "cpp.no_such_option=1"], "no_such_option"),
+    ):
         proc = run_command([sys.executable, tool, *flags, "--out", tmp_path], timeout=120)
         assert_user_error(proc, word)

@@ -17,9 +17,15 @@ patched to time each unit's first call (its compilation) and to read, around it,
 is; `none`, `cpp_wrapper`, `max_autotune` and `both` replace the options of every `torch.compile` call the script
 makes. Each family and option set is its own cold start, one after the other.
 
-    python leanrl/tools/bench_cold_compile.py --families classic mujoco --options script none --out runs/cold
+`--steady` follows each cold start with a warm one at the family's sweep budget (run.sh's default sweep), from the
+cache the cold start filled and with the same options: what a second run pays to compile (`warm`, from the units'
+first calls) and its steady-state fps (summary.json's), so that an option set's cold cost and what it buys warm are
+measured side by side.
+
+    python leanrl/tools/bench_cold_compile.py --families classic mujoco --options script none --steady --out runs/cold
 """
 
+import ast
 import functools
 import json
 import os
@@ -49,6 +55,19 @@ FAMILIES = {
         ["--total-timesteps", "1200", "--learning-starts", "1000", "--buffer-size", "2000"],
     ),
 }
+# run.sh's default sweep budgets, for --steady's warm runs
+STEADY = {
+    "classic": ["--total-timesteps", "200000"],
+    "atari": ["--total-timesteps", "10240"],
+    "mujoco": ["--total-timesteps", "20480"],
+    "sac": ["--total-timesteps", "8000"],
+    "td3": ["--total-timesteps", "8000"],
+    "dqn": ["--total-timesteps", "30000"],
+    "dqn_atari": [
+        *("--total-timesteps", "6000", "--learning-starts", "2000", "--measure-burnin", "500"),
+        *("--log-every", "500", "--buffer-size", "100000"),
+    ],
+}
 PHASES = ("dynamo", "aot", "lowering", "codegen", "build", "c++")
 OPTIONS = {
     "none": {},
@@ -63,9 +82,12 @@ class Args:
     families: list[str] = field(default_factory=lambda: list(FAMILIES))
     """the families to measure (classic, atari, mujoco, sac, td3, dqn, dqn_atari)"""
     options: list[str] = field(default_factory=lambda: ["script"])
-    """Inductor options per cold start: script (the script's own), none, cpp_wrapper, max_autotune, both"""
+    """Inductor options per cold start: script (the script's own), none, cpp_wrapper, max_autotune, both, or Inductor
+    options written key=value,key=value (values as Python literals: cpp.simdlen=0)"""
     out: str = "runs/cold"
     """where the runs and table.md go"""
+    steady: bool = False
+    """after each cold start, a warm one at the family's sweep budget: its compile and its steady-state fps"""
     timeout: float = 900
     """seconds one cold start may take before it is stopped"""
 
@@ -89,6 +111,24 @@ def phases(before: dict, after: dict) -> dict:
     }
 
 
+def options_of(option_set: str) -> dict:
+    """A named option set, or Inductor options written `key=value,key=value` (values as Python literals)."""
+    if option_set in OPTIONS:
+        return dict(OPTIONS[option_set])
+    pairs = [item.split("=", 1) for item in option_set.split(",")]
+    return {key: ast.literal_eval(value) for key, value in pairs}
+
+
+def valid_options(option_set: str) -> bool:
+    if option_set == "script" or option_set in OPTIONS:
+        return True
+    try:
+        options = options_of(option_set)
+    except (ValueError, SyntaxError):
+        return False
+    return set(options) <= set(torch._inductor.config.get_config_copy())
+
+
 def name_of(fn) -> str:
     while isinstance(fn, functools.partial):
         fn = fn.func
@@ -104,7 +144,7 @@ def child(script: str, option_set: str, flags: list[str], out: Path):
         if fn is None:
             return functools.partial(patched, **kwargs)
         if option_set != "script":
-            kwargs["options"] = dict(OPTIONS[option_set])
+            kwargs["options"] = options_of(option_set)
         compiled = compile_(fn, **kwargs)
         name = name_of(fn)
 
@@ -131,43 +171,47 @@ def child(script: str, option_set: str, flags: list[str], out: Path):
     out.write_text(json.dumps(dict(units=units, run_wall=time.perf_counter() - t0)))
 
 
-def cold_start(family: str, option_set: str, out: Path, timeout: float) -> dict:
+def cold_start(family: str, option_set: str, out: Path, timeout: float, steady: bool) -> dict:
+    """The family's cold start with these options, and with `steady` a warm one after it from the same cache."""
     script, flags = FAMILIES[family]
     out.mkdir(parents=True, exist_ok=True)
-    result = out / "units.json"
     with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
-        cmd = [
-            sys.executable,
-            __file__,
-            "--child",
-            script,
-            option_set,
-            str(result),
-            *flags,
-            "--log-dir",
-            str(out / "run"),
-        ]
-        with open(out / "stderr.log", "w") as err:
-            subprocess.run(cmd, env=env, timeout=timeout, check=True, stdout=subprocess.DEVNULL, stderr=err)
+        # Inductor keeps its precompiled headers in the temp dir, not in its cache dir: both fresh, as on a new machine
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TMPDIR=cache)
+        data = start(script, option_set, flags, out / "cold", env, timeout)
+        if steady:
+            warm = start(script, option_set, STEADY[family], out / "warm", env, timeout)
+            summary = json.loads((out / "warm" / "run" / "summary.json").read_text())
+            data.update(warm=sum(u["wall"] for u in warm["units"].values()), fps=summary["fps"])
+    return data
+
+
+def start(script: str, option_set: str, flags: list[str], out: Path, env: dict, timeout: float) -> dict:
+    """One run of the script in a fresh process: its units' first calls, timed."""
+    out.mkdir(parents=True, exist_ok=True)
+    result = out / "units.json"
+    cmd = [sys.executable, __file__, "--child", script, option_set, str(result), *flags, "--log-dir", str(out / "run")]
+    with open(out / "stderr.log", "w") as err:
+        subprocess.run(cmd, env=env, timeout=timeout, check=True, stdout=subprocess.DEVNULL, stderr=err)
     return json.loads(result.read_text())
 
 
 def table(rows: dict) -> str:
-    head = "| family | options | unit | cold compile (s) | " + " | ".join(PHASES) + " |"
-    lines = [head, "|---|---|---|---:|" + "---:|" * len(PHASES)]
+    head = "| family | options | unit | cold compile (s) | " + " | ".join(PHASES) + " | warm compile (s) | steady fps |"
+    lines = [head, "|---|---|---|---:|" + "---:|" * len(PHASES) + "---:|---:|"]
     for (family, option_set), data in rows.items():
         total = sum(u["wall"] for u in data["units"].values())
         for name, u in data["units"].items():
             cells = " | ".join(f"{u[p]:.1f}" for p in PHASES)
-            lines.append(f"| {family} | {option_set} | `{name}` | {u['wall']:.1f} | {cells} |")
-        lines.append(f"| {family} | {option_set} | all units | **{total:.1f}** |" + " |" * len(PHASES))
+            lines.append(f"| {family} | {option_set} | `{name}` | {u['wall']:.1f} | {cells} | | |")
+        warm = f"{data['warm']:.1f} | {data['fps']:.0f}" if "warm" in data else " |"
+        lines.append(f"| {family} | {option_set} | all units | **{total:.1f}** |" + " |" * len(PHASES) + f" {warm} |")
     return "\n".join(lines) + "\n"
 
 
 def main(args: Args):
-    for given, known in ((args.families, FAMILIES), (args.options, ("script", *OPTIONS))):
-        unknown = [x for x in given if x not in known]
+    for given, known in ((args.families, FAMILIES), (args.options, ("script", *OPTIONS, "key=value,..."))):
+        unknown = [x for x in given if x not in known and not (known is not FAMILIES and valid_options(x))]
         if unknown or not given:
             print(f"unknown {unknown or 'nothing'}: choose among {', '.join(known)}", file=sys.stderr)
             sys.exit(2)
@@ -175,7 +219,9 @@ def main(args: Args):
     rows = {}
     for family in args.families:
         for option_set in args.options:
-            rows[family, option_set] = cold_start(family, option_set, out / f"{family}-{option_set}", args.timeout)
+            rows[family, option_set] = cold_start(
+                family, option_set, out / f"{family}-{option_set}", args.timeout, args.steady
+            )
             print(table({(family, option_set): rows[family, option_set]}), flush=True)
     (out / "table.md").write_text(table(rows))
     print(table(rows))
