@@ -655,12 +655,23 @@ def unsaved_generator(rng: torch.Generator, name: str, seed: int, step: int):
     the seed and the step (as it was, it would replay the first run's noise), said in one line."""
     if rng.device.type == "cpu":
         return
-    rng.manual_seed(int(np.random.SeedSequence([seed, step]).generate_state(1)[0]))
+    reseed(
+        [rng],
+        [seed],
+        step,
+        f"the checkpoint holds no {name} (written before it was saved): the {rng.device.type} generator",
+    )
+
+
+def reseed(rngs: list, seeds: list, step: int, what: str):
+    """Re-seeds each generator from its seed and the step, and says so in one line (rank 0): the run goes on, but its
+    random numbers are no longer those of the run uninterrupted."""
+    for rng, seed in zip(rngs, seeds):
+        rng.manual_seed(int(np.random.SeedSequence([seed, step]).generate_state(1)[0]))
     if os.environ.get("RANK", "0") == "0":
         print(
-            f"--resume: the checkpoint holds no {name} (written before it was saved): the {rng.device.type} "
-            f"generator re-seeded from --seed and step {step}, the run goes on, its random numbers no longer those of "
-            "the run uninterrupted",
+            f"--resume: {what} re-seeded from --seed and step {step}, the run goes on, its random numbers no longer "
+            "those of the run uninterrupted",
             file=sys.stderr,
         )
 
@@ -914,18 +925,16 @@ def restore_rngs(rngs: list, states: list, seeds: list, step: int):
         for rng, (state, _) in zip(rngs, written):
             rng.set_state(state)
         return
-    for rng, seed in zip(rngs, seeds):
-        rng.manual_seed(int(np.random.SeedSequence([seed, step]).generate_state(1)[0]))
     state, device = written[same.index(False)]
     if device is None:  # a checkpoint that records no device: its state's size tells CUDA's from a CPU's
         device = "cuda" if len(state) == CUDA_RNG_STATE_BYTES else "cpu"
-    if os.environ.get("RANK", "0") == "0":
-        print(
-            f"--resume: a checkpoint written on {dict(cuda='CUDA', cpu='a CPU').get(device, device)}, resumed on "
-            f"{rngs[0].device.type}: the loop's random generator re-seeded from --seed and step {step}, the run goes "
-            "on, its random numbers no longer those of the run uninterrupted",
-            file=sys.stderr,
-        )
+    written_on = dict(cuda="CUDA", cpu="a CPU").get(device, device)
+    reseed(
+        rngs,
+        seeds,
+        step,
+        f"a checkpoint written on {written_on}, resumed on {rngs[0].device.type}: the loop's random generator",
+    )
 
 
 def env_state(env) -> Optional[dict]:
