@@ -1,7 +1,8 @@
 """Where a cold `--compile` start spends its time, per family, per compiled unit and per phase.
 
 Each family's torchcompile script runs with `--compile` at a tiny budget, in a fresh process with an empty Inductor
-cache (a new `TORCHINDUCTOR_CACHE_DIR`), as a user's first run on a new machine. In that process `torch.compile` is
+cache (a new `TORCHINDUCTOR_CACHE_DIR`) and a new temp dir (where Inductor keeps its precompiled headers), as a user's
+first run on a new machine. In that process `torch.compile` is
 patched to time each unit's first call (its compilation) and to read, around it, torch's own compile-time counters
 (`torch._dynamo.utils.compilation_time_metrics`). Phases of a unit's compilation:
 
@@ -64,8 +65,16 @@ STEADY = {
     "td3": ["--total-timesteps", "8000"],
     "dqn": ["--total-timesteps", "30000"],
     "dqn_atari": [
-        *("--total-timesteps", "6000", "--learning-starts", "2000", "--measure-burnin", "500"),
-        *("--log-every", "500", "--buffer-size", "100000"),
+        "--total-timesteps",
+        "6000",
+        "--learning-starts",
+        "2000",
+        "--measure-burnin",
+        "500",
+        "--log-every",
+        "500",
+        "--buffer-size",
+        "100000",
     ],
 }
 PHASES = ("dynamo", "aot", "lowering", "codegen", "build", "c++")
@@ -83,7 +92,7 @@ class Args:
     """the families to measure (classic, atari, mujoco, sac, td3, dqn, dqn_atari)"""
     options: list[str] = field(default_factory=lambda: ["script"])
     """Inductor options per cold start: script (the script's own), none, cpp_wrapper, max_autotune, both, or Inductor
-    options written key=value,key=value (values as Python literals: cpp.simdlen=0)"""
+    options written key=value,key=value (values as Python literals: cpp.simdlen=1)"""
     out: str = "runs/cold"
     """where the runs and table.md go"""
     steady: bool = False
@@ -204,14 +213,18 @@ def table(rows: dict) -> str:
         for name, u in data["units"].items():
             cells = " | ".join(f"{u[p]:.1f}" for p in PHASES)
             lines.append(f"| {family} | {option_set} | `{name}` | {u['wall']:.1f} | {cells} | | |")
-        warm = f"{data['warm']:.1f} | {data['fps']:.0f}" if "warm" in data else " |"
+        fps = "-" if data.get("fps") is None else f"{data['fps']:.0f}"
+        warm = f"{data['warm']:.1f} | {fps}" if "warm" in data else " |"
         lines.append(f"| {family} | {option_set} | all units | **{total:.1f}** |" + " |" * len(PHASES) + f" {warm} |")
     return "\n".join(lines) + "\n"
 
 
 def main(args: Args):
-    for given, known in ((args.families, FAMILIES), (args.options, ("script", *OPTIONS, "key=value,..."))):
-        unknown = [x for x in given if x not in known and not (known is not FAMILIES and valid_options(x))]
+    choices = (
+        (args.families, [x for x in args.families if x not in FAMILIES], list(FAMILIES)),
+        (args.options, [x for x in args.options if not valid_options(x)], ["script", *OPTIONS, "key=value,..."]),
+    )
+    for given, unknown, known in choices:
         if unknown or not given:
             print(f"unknown {unknown or 'nothing'}: choose among {', '.join(known)}", file=sys.stderr)
             sys.exit(2)
