@@ -155,6 +155,9 @@ class Child:
             if value:
                 return value
             if self.exited():
+                value = condition()  # it may have come true as the child exited, after the check above
+                if value:
+                    return value
                 code = self.kill()
                 pytest.fail(
                     f"{self.name} exited {code} before {waiting_for}\nlast stderr:\n{self.stderr[-3000:]}",

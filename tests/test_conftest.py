@@ -49,3 +49,21 @@ def test_exit_before_the_condition_fails_at_once(tmp_path):
     with pytest.raises(pytest.fail.Exception, match="exited 3 before the metrics(.|\n)*bye"):
         child.wait_until(lambda: False, 60, "the metrics")
     assert child.proc.returncode == 3 and not os.path.exists(f"/proc/{child.pid}/stat") or not alive(child.pid)
+
+
+def test_a_condition_that_holds_as_the_child_exits_is_not_a_failure(tmp_path):
+    """The child exits between a check of the condition and the check of its exit (the condition `it has exited`
+    itself, as `wait` polls it): the condition holds by then, so the wait returns instead of failing."""
+    child = Child([sys.executable, "-c", "pass"], tmp_path / "quick")
+    checks = []
+
+    def condition():
+        checks.append(child.exited())
+        if len(checks) == 1:  # the child runs as this check is made, and has exited by the next line of the wait
+            while not child.exited():
+                time.sleep(0.01)
+            return False
+        return child.exited()
+
+    assert child.wait_until(condition, 60, "it to exit")
+    assert child.kill() == 0
