@@ -4,7 +4,8 @@
     PROBE=resumed PROBE_OUT=FILE python tests/resume_probe.py ... --resume agent.pt        # as it resumes
     PROBE=at:K PROBE_OUT=FILE python tests/resume_probe.py ...                              # as it logs step K
 
-`stop:K` stops the run as Ctrl-C would, at its log line of step K (the checkpoint is written there, deterministically);
+`stop:K` stops the run as Ctrl-C would, at its log line of step K (the checkpoint is written there, deterministically),
+and snapshots it there as `at:K` does (at the next log line too where DDP's ranks stop an iteration later);
 `resumed` snapshots the learner as the resumed run starts its loop, its checkpoint loaded; `at:K` snapshots it at the
 log line of step K, where a run that was never stopped holds what the checkpoint holds. The snapshot (torch.save into
 PROBE_OUT) is what the next updates will read: every optimizer's parameters and state (the lr aside: the loop sets it
@@ -67,6 +68,13 @@ def snapshot() -> dict:
     return out
 
 
+def save(snap: dict, out: str):
+    """Into `out` whole: a DDP run's ranks each write theirs (the same learner), one after the other."""
+    tmp = f"{out}.{os.getpid()}"
+    torch.save(snap, tmp)
+    os.replace(tmp, out)
+
+
 def main():
     script, *flags = sys.argv[1:]
     mode, _, step = os.environ["PROBE"].partition(":")
@@ -84,12 +92,13 @@ def main():
     def probed_init(self, *args, **kwargs):
         run_init(self, *args, **kwargs)
         if mode == "resumed":
-            torch.save(snapshot(), out)
+            save(snapshot(), out)
 
     def probed_log(self, global_step, *args, **kwargs):
         row = run_log(self, global_step, *args, **kwargs)
-        if mode == "at" and global_step == int(step):
-            torch.save(snapshot(), out)
+        # a stopped run snapshots each log line from step K on: the last is the one its checkpoint was saved at
+        if (mode == "at" and global_step == int(step)) or (mode == "stop" and global_step >= int(step)):
+            save(snapshot(), out)
         if mode == "stop" and global_step == int(step):
             self.stop.set = True  # as Ctrl-C at this log line: the loop stops here and saves its checkpoint
         return row

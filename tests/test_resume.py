@@ -1,13 +1,14 @@
 """Stop a run, resume it, and compare it with the run that was never stopped: every training script.
 
-Each script runs three times under tests/resume_probe.py, same seed: stopped (as by Ctrl-C) at a log line, with its
-checkpoint; resumed from that checkpoint; and uninterrupted. The resumed run, as its loop starts, must hold what the
-uninterrupted one held at the step of the stop: every optimizer's parameters and state, every replay buffer's rows
-and position (the tensors an update has bound included). Where the envs are gymnasium's classic control, whose state
-the checkpoint carries, the resumed run must also end where the uninterrupted one ends, every tensor of the final
-checkpoint equal. envpool cannot snapshot its emulators: a resumed run plays fresh games, so only its start is
-compared, and what describes the game in flight (a buffer's steps since the game's reset) is left out; the
-continuous family's normalizer is checked by its own resume test.
+Each script runs under tests/resume_probe.py, same seed: stopped (as by Ctrl-C) at a log line, with its checkpoint;
+resumed from that checkpoint; and, where the envs are gymnasium's classic control, uninterrupted. The resumed run, as
+its loop starts, must hold what the uninterrupted one held at the step of the stop: every optimizer's parameters and
+state, every replay buffer's rows and position (the tensors an update has bound included). Up to its stop the first
+run is an uninterrupted one, so what it held there stands for it; where a third run is made, it must hold the same.
+Classic control's state is in the checkpoint, so there the resumed run must also end where the uninterrupted one
+ends, every tensor of the final checkpoint equal. envpool cannot snapshot its emulators: a resumed run plays fresh
+games, so only its start is compared, and what describes the game in flight (a buffer's steps since the game's
+reset) is left out; the continuous family's normalizer is checked by its own resume test.
 
 Eager runs (no --compile): the same ops in the same order, so equal means bit for bit.
 """
@@ -108,7 +109,7 @@ def tensors_of(x, prefix="") -> dict:
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_resumed_run_starts_where_the_uninterrupted_one_was(script, tmp_path):
     flags, stop = flags_of(script)
-    first = probe(script, f"stop:{stop}", tmp_path / "unused.pt", *flags, "--save-model", log_dir=tmp_path / "first")
+    first = probe(script, f"stop:{stop}", tmp_path / "first.pt", *flags, "--save-model", log_dir=tmp_path / "first")
     assert first.returncode == 130, first.stderr[-3000:]  # stopped as by Ctrl-C, after its checkpoint
     ckpt = tmp_path / "first" / "agent.pt"
     # DDP's ranks agree to stop in the next iteration's all-reduce, an iteration later
@@ -117,14 +118,20 @@ def test_a_resumed_run_starts_where_the_uninterrupted_one_was(script, tmp_path):
 
     save = ["--save-model"] if script in EXACT else []
     resumed = probe(script, "resumed", tmp_path / "resumed.pt", *flags, *save, "--resume", ckpt, log_dir=tmp_path / "r")
-    straight = probe(script, f"at:{stop}", tmp_path / "straight.pt", *flags, *save, log_dir=tmp_path / "s")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    if script not in EXACT:
+        # up to its stop the first run is the uninterrupted one: what it held there is what a run never stopped holds
+        assert_same_state(torch.load(tmp_path / "resumed.pt"), torch.load(tmp_path / "first.pt"))
+        return
+    straight = probe(script, f"at:{stop}", tmp_path / "straight.pt", *flags, *save, log_dir=tmp_path / "s")
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert_same_state(torch.load(tmp_path / "resumed.pt"), torch.load(tmp_path / "straight.pt"))
+    # the first run, up to its stop, was that uninterrupted run: it held the same there
+    assert_same_state(torch.load(tmp_path / "first.pt"), torch.load(tmp_path / "straight.pt"))
 
-    if script in EXACT:  # the envs resume too: the two runs end alike, every tensor of their checkpoints equal
-        a = tensors_of(torch.load(tmp_path / "r" / "agent.pt", weights_only=True))
-        b = tensors_of(torch.load(tmp_path / "s" / "agent.pt", weights_only=True))
-        assert a.keys() == b.keys()
-        differ = [k for k in b if a[k].shape != b[k].shape or not torch.equal(a[k], b[k])]
-        assert not differ, f"the resumed run ends elsewhere than the uninterrupted one: {differ}"
+    # the envs resume too: the two runs end alike, every tensor of their checkpoints equal
+    a = tensors_of(torch.load(tmp_path / "r" / "agent.pt", weights_only=True))
+    b = tensors_of(torch.load(tmp_path / "s" / "agent.pt", weights_only=True))
+    assert a.keys() == b.keys()
+    differ = [k for k in b if a[k].shape != b[k].shape or not torch.equal(a[k], b[k])]
+    assert not differ, f"the resumed run ends elsewhere than the uninterrupted one: {differ}"
