@@ -69,7 +69,8 @@ def snapshot() -> dict:
 
 
 def save(snap: dict, out: str):
-    """Into `out` whole: a DDP run's ranks each write theirs (the same learner), one after the other."""
+    """Into `out` whole: a DDP run's ranks each write theirs (the same learner), and whichever writes last, the file
+    is one rank's complete snapshot."""
     tmp = f"{out}.{os.getpid()}"
     torch.save(snap, tmp)
     os.replace(tmp, out)
