@@ -66,6 +66,32 @@ def test_cold_compile_takes_inductor_options_written_out():
     assert not bench_cold_compile.valid_options("max_autotune=")
 
 
+def test_cold_compile_leaves_the_units_named_eager_uncompiled():
+    """A unit named in --eager is the script's own function, uncompiled and marked so; the others go through
+    torch.compile with the option set's options, and their first call is timed."""
+    compiled_with = {}
+
+    def fake_compile(fn, options=None):
+        compiled_with[bench_cold_compile.name_of(fn)] = options
+        return lambda *a: ("compiled", fn(*a))
+
+    def update(x):
+        return x + 1
+
+    value = torch.nn.Linear(2, 2).forward
+    units = {}
+    patched = bench_cold_compile.timed_compile(fake_compile, "none", ["Linear.forward"], units)
+    assert patched(value) is value
+    unit = patched(update)
+    assert unit(1) == ("compiled", 2)
+    assert unit(2) == ("compiled", 3)
+    assert compiled_with == {"test_cold_compile_leaves_the_units_named_eager_uncompiled.<locals>.update": {}}
+    assert units["Linear.forward"] == {"eager": True}
+    assert set(units) == {"Linear.forward", "test_cold_compile_leaves_the_units_named_eager_uncompiled.<locals>.update"}
+    table = bench_cold_compile.table({("classic", "none"): dict(units=units)})
+    assert "| classic | none | `Linear.forward` | eager |" in table
+
+
 def test_cold_compile_refuses_an_unknown_family_or_option_set(tmp_path):
     tool = ROOT / "leanrl" / "tools" / "bench_cold_compile.py"
     for flags, word in (

@@ -16,7 +16,8 @@ patched to time each unit's first call (its compilation) and to read, around it,
 
 `--options` tries other Inductor options in place of the scripts' own: `script` (the default) runs each script as it
 is; `none`, `cpp_wrapper`, `max_autotune` and `both` replace the options of every `torch.compile` call the script
-makes. Each family and option set is its own cold start, one after the other.
+makes. Each family and option set is its own cold start, one after the other. `--eager` leaves the units it names
+uncompiled (named as the table names them): what compiling fewer units saves at the start and costs in fps.
 
 `--steady` follows each cold start with a warm one at the family's sweep budget (run.sh's default sweep), from the
 cache the cold start filled and with the same options: what a second run pays to compile (`warm`, from the units'
@@ -97,6 +98,8 @@ class Args:
     """where the runs and table.md go"""
     steady: bool = False
     """after each cold start, a warm one at the family's sweep budget: its compile and its steady-state fps"""
+    eager: list[str] = field(default_factory=list)
+    """units left uncompiled, named as the table names them (`Agent.get_value`): what compiling fewer units saves"""
     timeout: float = 900
     """seconds one cold start may take before it is stopped"""
 
@@ -144,18 +147,20 @@ def name_of(fn) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-def child(script: str, option_set: str, flags: list[str], out: Path):
-    """Runs in the fresh process: the script with its units' first calls timed, the table rows into out."""
-    units = {}
-    compile_ = torch.compile
+def timed_compile(compile_, option_set: str, eager: list[str], units: dict):
+    """torch.compile as the child process sees it: with `option_set`'s options in place of the script's, each unit's
+    first call timed into `units`, and a unit named in `eager` returned as it is, uncompiled (marked so in `units`)."""
 
     def patched(fn=None, **kwargs):
         if fn is None:
             return functools.partial(patched, **kwargs)
+        name = name_of(fn)
+        if name in eager:
+            units[name] = dict(eager=True)
+            return fn
         if option_set != "script":
             kwargs["options"] = options_of(option_set)
         compiled = compile_(fn, **kwargs)
-        name = name_of(fn)
 
         def first_call_timed(*args, **kw):
             if name in units:
@@ -168,7 +173,13 @@ def child(script: str, option_set: str, flags: list[str], out: Path):
 
         return first_call_timed
 
-    torch.compile = patched
+    return patched
+
+
+def child(script: str, option_set: str, eager: list[str], flags: list[str], out: Path):
+    """Runs in the fresh process: the script with its units' first calls timed, the table rows into out."""
+    units = {}
+    torch.compile = timed_compile(torch.compile, option_set, eager, units)
     sys.path.insert(0, str(LEANRL))
     sys.argv = [f"{script}.py", "--compile", *flags]
     t0 = time.perf_counter()
@@ -180,26 +191,29 @@ def child(script: str, option_set: str, flags: list[str], out: Path):
     out.write_text(json.dumps(dict(units=units, run_wall=time.perf_counter() - t0)))
 
 
-def cold_start(family: str, option_set: str, out: Path, timeout: float, steady: bool) -> dict:
+def cold_start(family: str, option_set: str, eager: list[str], out: Path, timeout: float, steady: bool) -> dict:
     """The family's cold start with these options, and with `steady` a warm one after it from the same cache."""
     script, flags = FAMILIES[family]
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as cache:
         # Inductor keeps its precompiled headers in the temp dir, not in its cache dir: both fresh, as on a new machine
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TMPDIR=cache)
-        data = start(script, option_set, flags, out / "cold", env, timeout)
+        data = start(script, option_set, eager, flags, out / "cold", env, timeout)
         if steady:
-            warm = start(script, option_set, STEADY[family], out / "warm", env, timeout)
+            warm = start(script, option_set, eager, STEADY[family], out / "warm", env, timeout)
             summary = json.loads((out / "warm" / "run" / "summary.json").read_text())
-            data.update(warm=sum(u["wall"] for u in warm["units"].values()), fps=summary["fps"])
+            data.update(warm=sum(u.get("wall", 0.0) for u in warm["units"].values()), fps=summary["fps"])
     return data
 
 
-def start(script: str, option_set: str, flags: list[str], out: Path, env: dict, timeout: float) -> dict:
+def start(
+    script: str, option_set: str, eager: list[str], flags: list[str], out: Path, env: dict, timeout: float
+) -> dict:
     """One run of the script in a fresh process: its units' first calls, timed."""
     out.mkdir(parents=True, exist_ok=True)
     result = out / "units.json"
-    cmd = [sys.executable, __file__, "--child", script, option_set, str(result), *flags, "--log-dir", str(out / "run")]
+    child = [script, option_set, ",".join(eager), str(result)]
+    cmd = [sys.executable, __file__, "--child", *child, *flags, "--log-dir", str(out / "run")]
     with open(out / "stderr.log", "w") as err:
         subprocess.run(cmd, env=env, timeout=timeout, check=True, stdout=subprocess.DEVNULL, stderr=err)
     return json.loads(result.read_text())
@@ -209,8 +223,11 @@ def table(rows: dict) -> str:
     head = "| family | options | unit | cold compile (s) | " + " | ".join(PHASES) + " | warm compile (s) | steady fps |"
     lines = [head, "|---|---|---|---:|" + "---:|" * len(PHASES) + "---:|---:|"]
     for (family, option_set), data in rows.items():
-        total = sum(u["wall"] for u in data["units"].values())
+        total = sum(u.get("wall", 0.0) for u in data["units"].values())
         for name, u in data["units"].items():
+            if u.get("eager"):
+                lines.append(f"| {family} | {option_set} | `{name}` | eager |" + " |" * len(PHASES) + " | |")
+                continue
             cells = " | ".join(f"{u[p]:.1f}" for p in PHASES)
             lines.append(f"| {family} | {option_set} | `{name}` | {u['wall']:.1f} | {cells} | | |")
         fps = "-" if data.get("fps") is None else f"{data['fps']:.0f}"
@@ -232,8 +249,9 @@ def main(args: Args):
     rows = {}
     for family in args.families:
         for option_set in args.options:
+            folder = "-".join([family, option_set, *args.eager])
             rows[family, option_set] = cold_start(
-                family, option_set, out / f"{family}-{option_set}", args.timeout, args.steady
+                family, option_set, args.eager, out / folder, args.timeout, args.steady
             )
             print(table({(family, option_set): rows[family, option_set]}), flush=True)
     (out / "table.md").write_text(table(rows))
@@ -242,6 +260,6 @@ def main(args: Args):
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        child(sys.argv[2], sys.argv[3], sys.argv[5:], Path(sys.argv[4]))
+        child(sys.argv[2], sys.argv[3], [x for x in sys.argv[4].split(",") if x], sys.argv[6:], Path(sys.argv[5]))
     else:
         main(tyro.cli(Args))
