@@ -715,6 +715,22 @@ def test_our_runs_of_cleanrls_file_are_the_reference(tmp_path, report_module, mo
     ) in printed
 
 
+def test_reference_runs_on_two_machines_name_both(tmp_path, report_module, monkeypatch):
+    """CleanRL's file's seeds ran on two machines: the page names each machine with its seeds, not the first
+    run's machine for all of them."""
+    runs = tmp_path / "runs"
+    for seed, final in ((1, 1400.0), (2, 1450.0), (3, 1500.0)):
+        reference_run(runs / "mujoco/00-cleanrl-file" / str(seed), final)
+    update_summary(runs / "mujoco/00-cleanrl-file/3", cpu="Other CPU (2 cores)")
+    for seed, final in ((1, 3000.0), (2, 3100.0), (3, 3200.0)):
+        fake_run(runs / "mujoco/01-baseline" / str(seed), "HalfCheetah-v4", 1000000, 1000, final)
+    monkeypatch.setattr(sys, "argv", ["report.py", str(runs), "--out", str(tmp_path / "doc"), "--cleanrl"])
+    report_module.main()
+    text = (tmp_path / "doc" / "learning_cleanrl.md").read_text()
+    versions = "gymnasium 1.4.0, MuJoCo 2.3.3, torch 2.13.0+cpu"
+    assert f"on Test CPU (2 cores), {versions} (seeds 1, 2); Other CPU (2 cores), {versions} (seed 3); ours" in text
+
+
 def test_cleanrl_plot_shows_every_runs_final_return(tmp_path, report_module):
     """A two-mode outcome is not averaged away: the plot has a point per finished run at its final return, beside its
     row's IQM and CI; CleanRL's published figure is drawn as mean ± std, with no per-seed points made up."""

@@ -1008,10 +1008,21 @@ def cleanrl_report(args: Args, data: dict):
                 f"run of CleanRL's file at {ours:,} steps is here to: no verdict.",
                 "",
             ]
-        for s, _ in next((c.runs for c in configs.values() if is_reference(c)), [])[:1]:
+        reference = next((c.runs for c in configs.values() if is_reference(c)), [])
+        if reference:
+            # each machine and set of versions the seeds ran on, in the order of their first seed, with its seeds
+            where = {}
+            for s, _ in sorted(reference, key=lambda run: run[0]["seed"]):
+                machine = f"{s['cpu']}, gymnasium {s['gymnasium']}, MuJoCo {s['mujoco']}, torch {s['torch']}"
+                where.setdefault(machine, []).append(s["seed"])
+            if len(where) > 1:
+                where = {
+                    f"{machine} (seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))})": seeds
+                    for machine, seeds in where.items()
+                }
             lines += [
-                f"CleanRL's file, our run: `{s['script']}`, run by `leanrl/tools/cleanrl_reference.py` on {s['cpu']}, "
-                f"gymnasium {s['gymnasium']}, MuJoCo {s['mujoco']}, torch {s['torch']}; ours on envpool.",
+                f"CleanRL's file, our run: `{reference[0][0]['script']}`, run by `leanrl/tools/cleanrl_reference.py` "
+                f"on {'; '.join(where)}; ours on envpool.",
                 "",
             ]
         lines += cleanrl_table(configs, published)
