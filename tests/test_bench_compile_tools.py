@@ -90,6 +90,9 @@ def test_cold_compile_leaves_the_units_named_eager_uncompiled():
     assert set(units) == {"Linear.forward", "test_cold_compile_leaves_the_units_named_eager_uncompiled.<locals>.update"}
     table = bench_cold_compile.table({("classic", "none"): dict(units=units)})
     assert "| classic | none | `Linear.forward` | eager |" in table
+    # a misspelt name meets no unit: the tool says so instead of a table of everything compiled
+    rows = {("classic", "none"): dict(units=units)}
+    assert bench_cold_compile.unmatched(["Linear.forward", "Agent.get_valeu"], rows) == ["Agent.get_valeu"]
 
 
 def test_cold_compile_refuses_an_unknown_family_or_option_set(tmp_path):

@@ -256,6 +256,16 @@ def main(args: Args):
             print(table({(family, option_set): rows[family, option_set]}), flush=True)
     (out / "table.md").write_text(table(rows))
     print(table(rows))
+    missed = unmatched(args.eager, rows)
+    if missed:
+        print(f"--eager: no unit named {', '.join(missed)} was compiled: name units as the table does", file=sys.stderr)
+        sys.exit(2)
+
+
+def unmatched(eager: list[str], rows: dict) -> list[str]:
+    """The names given to --eager that no cold start met (a unit's name is known only once its script runs)."""
+    met = {name for data in rows.values() for name, u in data["units"].items() if u.get("eager")}
+    return [name for name in eager if name not in met]
 
 
 if __name__ == "__main__":

@@ -1015,14 +1015,13 @@ def cleanrl_report(args: Args, data: dict):
             for s, _ in sorted(reference, key=lambda run: run[0]["seed"]):
                 machine = f"{s['cpu']}, gymnasium {s['gymnasium']}, MuJoCo {s['mujoco']}, torch {s['torch']}"
                 where.setdefault(machine, []).append(s["seed"])
-            if len(where) > 1:
-                where = {
-                    f"{machine} (seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))})": seeds
-                    for machine, seeds in where.items()
-                }
+            labels = [
+                machine if len(where) == 1 else f"{machine} (seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))})"
+                for machine, seeds in where.items()
+            ]
             lines += [
                 f"CleanRL's file, our run: `{reference[0][0]['script']}`, run by `leanrl/tools/cleanrl_reference.py` "
-                f"on {'; '.join(where)}; ours on envpool.",
+                f"on {'; '.join(labels)}; ours on envpool.",
                 "",
             ]
         lines += cleanrl_table(configs, published)
