@@ -112,9 +112,10 @@ class Args:
     """the target KL divergence threshold"""
 
     compile: bool = False
-    """if toggled, wrap the units in torch.compile: `evaluate`, `get_value`, `update` and the policy step where it acts
-    on CUDA (--no-host-actor; a policy acting on the host, a CPU learner's or --host-actor's, acts in numpy or eagerly:
-    main's acting choice); `gae` runs in numpy, with nothing to compile"""
+    """if toggled, wrap the units in torch.compile: `update`, and on CUDA `evaluate`, `get_value` (once an iteration
+    each: on a CPU not worth their compile) and the policy step where it acts there (--no-host-actor; a policy acting on
+    the host, a CPU learner's or --host-actor's, acts in numpy or eagerly: main's acting choice); `gae` runs in numpy,
+    with nothing to compile"""
     compile_async: bool = False
     """with --compile: train eagerly while the units compile in the background, then swap them in at an iteration
     boundary (summary.json: compile_time, swap_iteration, time_to_compiled)"""
@@ -415,10 +416,13 @@ def compile_units(agent, args: Args, device) -> dict:
         agent_inference=agent_inference,
         optimizer=optimizer,
         lr=lr,
-        evaluate=torch.compile(agent_inference.forward, options=options),
-        get_value=torch.compile(agent_inference.get_value, options=options),
+        evaluate=agent_inference.forward,
+        get_value=agent_inference.get_value,
         update_minibatch=torch.compile(functools.partial(update, agent, optimizer, args), options=options),
     )
+    if device.type == "cuda":  # as main's block
+        units["evaluate"] = torch.compile(agent_inference.forward, options=options)
+        units["get_value"] = torch.compile(agent_inference.get_value, options=options)
     if device.type == "cuda" and not args.host_actor:
         units["policy"] = torch.compile(functools.partial(act, agent_inference.actor), options=options)
     return units
@@ -543,8 +547,11 @@ def main(args: Args):
         options = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
         if act_device.type == "cuda":
             policy = torch.compile(policy, options=options)
-        evaluate = torch.compile(evaluate, options=options)
-        get_value = torch.compile(get_value, options=options)
+        # evaluate and get_value run once an iteration: on a CPU compiling them adds seconds to a cold start and buys
+        # no fps (doc/compile.md); on CUDA each is one graph instead of dozens of kernel launches
+        if device.type == "cuda":
+            evaluate = torch.compile(evaluate, options=options)
+            get_value = torch.compile(get_value, options=options)
         update_minibatch = torch.compile(update_minibatch, options=options)
     if args.cudagraphs and not args.compile_async:
         if act_device.type == "cuda":
@@ -665,8 +672,9 @@ def main(args: Args):
                 perm = torch.randperm(args.batch_size, device=device, generator=rng).view(args.num_minibatches, -1)
                 for inds in perm:
                     # the iteration's first update checks the compiled code's guards, and so sees every number the loop
-                    # changed (a float lr, a schedule); the rest skip them (doc/compile.md: what it saves)
-                    with torch.compiler.set_stance(skip_guard_eval_unsafe=n > 0):
+                    # changed (a float lr, a schedule); the rest skip them (doc/compile.md: what it saves). The stance
+                    # is the process's: while the twin compiles in its thread, skipping would make that compile raise
+                    with torch.compiler.set_stance(skip_guard_eval_unsafe=n > 0 and pending is None):
                         stats[n] = update_minibatch(*batch, inds)
                     n += 1
                 if args.target_kl is not None and stats[n - 1, 0] > args.target_kl:  # a host sync, only when asked

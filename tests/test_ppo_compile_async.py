@@ -6,12 +6,23 @@ only the runs the assertions need are made.
 """
 
 import copy
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import PPO_ROW_FIELDS, SMOKE, assert_rejected, load_script, read_metrics, read_summary, run_script
+from conftest import (
+    PPO_ROW_FIELDS,
+    ROOT,
+    SMOKE,
+    assert_rejected,
+    load_script,
+    read_metrics,
+    read_summary,
+    run_command,
+    run_script,
+)
 
 CLASSIC, ATARI = "ppo_compile_async_torchcompile.py", "ppo_atari_envpool_compile_async_torchcompile.py"
 SCRIPTS = (CLASSIC, ATARI)
@@ -141,6 +152,41 @@ def test_compile_async_run_ending_before_the_compile_exits_cleanly(log_dir):
     assert proc.returncode == 0 and summary["global_step"] == 256 and (log_dir / "agent.pt").exists()
     if summary["swap_iteration"] is None:  # the usual case: a 4-iteration run beats even a warm-cache compile
         assert not any(r["compiled"] for r in read_metrics(log_dir)) and summary["compile_time"] is None
+
+
+# runs a script with torch.compiler.set_stance watched: each stance that skips guards, entered with a background
+# compile pending (main's `pending`) or not
+STANCE_PROBE = """
+import runpy, sys, torch
+sys.path.insert(0, sys.argv[2])
+seen = []
+real = torch.compiler.set_stance
+def set_stance(*args, skip_guard_eval_unsafe=False, **kwargs):
+    if skip_guard_eval_unsafe:
+        seen.append(sys._getframe(1).f_locals.get("pending") is not None)
+    return real(*args, skip_guard_eval_unsafe=skip_guard_eval_unsafe, **kwargs)
+torch.compiler.set_stance = set_stance
+script = sys.argv[1]
+sys.argv = [script, *sys.argv[3:]]
+try:
+    runpy.run_path(script, run_name="__main__")
+finally:
+    print("skips while compiling", sum(seen), "after", len(seen) - sum(seen))
+"""
+
+
+def test_compile_async_skips_no_guard_while_the_twin_compiles(tmp_path):
+    """torch.compiler.set_stance is process-wide: an eager update under skip_guard_eval_unsafe while the background
+    thread compiled the twin's units made that compile raise ("Recompilation triggered with skip_guard_eval_unsafe
+    stance"), and every cold-cache CartPole run of `--compile --compile-async` died at the swap. The loop skips guards
+    only once no compile is pending: here none while it is, and some after the swap at iteration 2."""
+    script = ROOT / "leanrl" / CLASSIC
+    flags = [*SMOKE, "--compile", "--compile-async", "--compile-swap-iteration", "2", "--log-dir", tmp_path / "run"]
+    proc = run_command([sys.executable, "-c", STANCE_PROBE, script, ROOT / "leanrl", *flags], tmp_path / "probe", 600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("skips while compiling")]
+    while_compiling, after = (int(word) for word in line.split()[3::2])
+    assert while_compiling == 0 and after > 0, line
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
