@@ -86,7 +86,8 @@ class Args:
     """the frequency of training"""
 
     compile: bool = False
-    """if toggled, wrap the act, update and target units in torch.compile"""
+    """if toggled, wrap the act and update units in torch.compile, and the target unit on CUDA (on a CPU the target copy
+    runs once every --target-network-frequency steps, not worth its compile)"""
     cudagraphs: bool = False
     """if toggled, wrap the act, update and target units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     measure_burnin: int = 1000
@@ -382,7 +383,10 @@ def main(args: Args):
         # the convolutions dominate: no options (max_autotune would tune for minutes)
         policy = torch.compile(policy)
         td_update = torch.compile(td_update)
-        target_update = torch.compile(target_update)
+        # the target copy runs once every --target-network-frequency steps: on a CPU compiling it adds seconds to a
+        # cold start and saves nothing a run shows (doc/compile.md)
+        if device.type == "cuda":
+            target_update = torch.compile(target_update)
     if args.cudagraphs:
         policy = CudaGraphModule(policy)
         td_update = CudaGraphModule(td_update)

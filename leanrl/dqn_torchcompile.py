@@ -85,8 +85,9 @@ class Args:
     """the frequency of training"""
 
     compile: bool = False
-    """if toggled, wrap the update and target units in torch.compile, and the act unit on CUDA (on a CPU it acts
-    eagerly or in numpy: at one observation a compiled call costs more than it saves)"""
+    """if toggled, wrap the update unit in torch.compile, and on CUDA the act and target units too (on a CPU the act
+    unit runs eagerly or in numpy: at one observation a compiled call costs more than it saves; the target copy runs
+    once every --target-network-frequency steps, not worth its compile)"""
     cudagraphs: bool = False
     """if toggled, wrap the act, update and target units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     numpy_act: bool = True
@@ -333,7 +334,10 @@ def main(args: Args):
             # on a CPU `act` stays eager: at one obs torch's took 32 us eager, 38.5 compiled (cpp_wrapper), 48 plain
             policy = torch.compile(policy, options=options)
         td_update = torch.compile(td_update, options=options)
-        target_update = torch.compile(target_update, options=options)
+        # the target copy runs once every --target-network-frequency steps: on a CPU compiling it adds seconds to a
+        # cold start and saves nothing a run shows (doc/compile.md)
+        if device.type == "cuda":
+            target_update = torch.compile(target_update, options=options)
     if args.cudagraphs:
         policy = CudaGraphModule(policy)
         td_update = CudaGraphModule(td_update)

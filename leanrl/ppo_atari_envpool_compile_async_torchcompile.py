@@ -110,7 +110,8 @@ class Args:
     """the target KL divergence threshold"""
 
     compile: bool = False
-    """if toggled, wrap policy, gae and update in torch.compile"""
+    """if toggled, wrap policy and update in torch.compile, and gae on CUDA (once an iteration: on a CPU not worth its
+    compile)"""
     compile_async: bool = False
     """with --compile: train eagerly while the units compile in the background, then swap them in at an iteration
     boundary (summary.json: compile_time, swap_iteration, time_to_compiled)"""
@@ -351,15 +352,14 @@ def compile_units(agent: Agent, args: Args, device, n_pools: int) -> dict:
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     lr = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
+    compute_gae = functools.partial(gae, agent_inference, gamma=args.gamma, gae_lambda=args.gae_lambda)
     return dict(
         agent=agent,
         agent_inference=agent_inference,
         optimizer=optimizer,
         lr=lr,
         acts=[torch.compile(functools.partial(policy, agent_inference)) for _ in range(n_pools)],
-        compute_gae=torch.compile(
-            functools.partial(gae, agent_inference, gamma=args.gamma, gae_lambda=args.gae_lambda)
-        ),
+        compute_gae=torch.compile(compute_gae) if device.type == "cuda" else compute_gae,  # as main's block
         update_minibatch=torch.compile(functools.partial(update, agent, optimizer, args)),
     )
 
@@ -474,7 +474,10 @@ def main(args: Args):
         torch._inductor.config.cpp.vec_isa_ok = True
     if args.compile and not args.compile_async:
         acts = [torch.compile(act) for act in acts]
-        compute_gae = torch.compile(compute_gae)
+        # gae runs once an iteration: on a CPU compiling it adds seconds to a cold start and saves a millisecond an
+        # iteration (doc/compile.md); on CUDA it is one graph instead of hundreds of kernel launches
+        if device.type == "cuda":
+            compute_gae = torch.compile(compute_gae)
         update_minibatch = torch.compile(update_minibatch)
     if args.cudagraphs and not args.compile_async:
         acts = [CudaGraphModule(act) for act in acts]

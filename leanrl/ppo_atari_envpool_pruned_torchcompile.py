@@ -107,7 +107,8 @@ class Args:
     """the target KL divergence threshold"""
 
     compile: bool = False
-    """if toggled, wrap policy, gae and update in torch.compile"""
+    """if toggled, wrap policy and update in torch.compile, and gae on CUDA (once an iteration: on a CPU not worth its
+    compile)"""
     cudagraphs: bool = False
     """if toggled, wrap policy, gae and update in tensordict's CudaGraphModule (CUDA only; ignored on CPU)"""
     bf16: bool = False
@@ -481,7 +482,10 @@ def main(args: Args):
         # cold start's fixed cost on a CPU (doc/compile.md); CUDA kernels do not use it
         torch._inductor.config.cpp.vec_isa_ok = True
         acts = [torch.compile(act) for act in acts]
-        compute_gae = torch.compile(compute_gae)
+        # gae runs once an iteration: on a CPU compiling it adds seconds to a cold start and saves a millisecond an
+        # iteration (doc/compile.md); on CUDA it is one graph instead of hundreds of kernel launches
+        if device.type == "cuda":
+            compute_gae = torch.compile(compute_gae)
         update_minibatch = torch.compile(update_minibatch)
     if args.cudagraphs:
         acts = [CudaGraphModule(act) for act in acts]

@@ -112,8 +112,9 @@ class Args:
     """the target KL divergence threshold"""
 
     compile: bool = False
-    """if toggled, wrap the rollout's fp32 values, gae and update in torch.compile, and the low-precision policy step on
-    CUDA (on a CPU it stays eager: the int8 modules run prepacked kernels)"""
+    """if toggled, wrap the rollout's fp32 values and update in torch.compile, and gae (once an iteration: on a CPU not
+    worth its compile) and the low-precision policy step on CUDA (on a CPU it stays eager: the int8 modules run
+    prepacked kernels)"""
     cudagraphs: bool = False
     """if toggled, wrap the rollout's fp32 values, gae and update in tensordict's CudaGraphModule (CUDA only; ignored on
     CPU); the low-precision policy stays out: each rebuild makes new tensors, and a graph replays those it captured"""
@@ -496,7 +497,10 @@ def main(args: Args):
         if device.type == "cuda":
             acts = [torch.compile(act) for act in acts]
         values_of = torch.compile(values_of)
-        compute_gae = torch.compile(compute_gae)
+        # gae runs once an iteration: on a CPU compiling it adds seconds to a cold start and saves a millisecond an
+        # iteration (doc/compile.md); on CUDA it is one graph instead of hundreds of kernel launches
+        if device.type == "cuda":
+            compute_gae = torch.compile(compute_gae)
         update_minibatch = torch.compile(update_minibatch)
     if args.cudagraphs:
         # the rollout policy stays out of CUDA graphs: a graph replays the tensors it captured, and every rebuild of

@@ -116,10 +116,11 @@ class Args:
     """the target KL divergence threshold"""
 
     compile: bool = False
-    """if toggled, wrap the units in torch.compile: `evaluate`, `get_value`, `update`, the observation normalizer where
-    it runs in torch and the policy step where it acts on CUDA (--no-host-actor; a rollout acting on the host, a CPU
-    learner's or --host-actor's, normalizes and acts in numpy, or with the normalizer compiled and the policy eager:
-    main's acting choice); `gae` runs in numpy, with nothing to compile"""
+    """if toggled, wrap the units in torch.compile: `update`, the observation normalizer where it runs in torch, and on
+    CUDA `evaluate`, `get_value` (once an iteration each: on a CPU not worth their compile) and the policy step where it
+    acts there (--no-host-actor; a rollout acting on the host, a CPU learner's or --host-actor's, normalizes and acts in
+    numpy, or with the normalizer compiled and the policy eager: main's acting choice); `gae` runs in numpy, with
+    nothing to compile"""
     cudagraphs: bool = False
     """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     host_actor: bool = True
@@ -645,8 +646,11 @@ def main(args: Args):
             normalize = torch.compile(normalize)
         if act_device.type == "cuda":
             policy = torch.compile(policy)
-        evaluate = torch.compile(evaluate)
-        get_value = torch.compile(get_value)
+        # evaluate and get_value run once an iteration: on a CPU compiling them adds seconds to a cold start and buys
+        # no fps (doc/compile.md); on CUDA each is one graph instead of dozens of kernel launches
+        if device.type == "cuda":
+            evaluate = torch.compile(evaluate)
+            get_value = torch.compile(get_value)
         update_minibatch = torch.compile(update_minibatch)
     if args.cudagraphs:
         if act_device.type == "cuda":

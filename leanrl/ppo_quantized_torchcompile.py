@@ -131,10 +131,11 @@ class Args:
     """build the next int8 policy in a background thread while the rollouts go on; it acts from the next iteration"""
 
     compile: bool = False
-    """if toggled, wrap the units in torch.compile: `evaluate`, `get_value`, `update` and the policy step where it acts
-    on CUDA (--no-host-actor; a policy acting on the host, a CPU learner's or --host-actor's, acts in numpy or eagerly:
-    main's acting choice), and the int8 steps (acting, behaviour log-probs: on every device, as eager torchao int8
-    dispatches each op from Python); `gae` runs in numpy, with nothing to compile"""
+    """if toggled, wrap the units in torch.compile: `update`, and on CUDA `evaluate`, `get_value` (once an iteration
+    each: on a CPU not worth their compile) and the policy step where it acts there (--no-host-actor; a policy acting on
+    the host, a CPU learner's or --host-actor's, acts in numpy or eagerly: main's acting choice); `gae` runs in numpy,
+    with nothing to compile; and the int8 steps (acting, behaviour log-probs) on every device, as eager torchao int8
+    dispatches each op from Python"""
     cudagraphs: bool = False
     """if toggled, wrap the learner's units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA
     only); the int8 steps stay out: each rebuild of the copy makes new tensors, and a graph replays those it captured"""
@@ -531,8 +532,11 @@ def main(args: Args):
         # A rebuilt copy is a new module with the same structure: no recompilation.
         quant_policy = torch.compile(quant_policy, options=options)
         behaviour = torch.compile(behaviour, options=options)
-        evaluate = torch.compile(evaluate, options=options)
-        get_value = torch.compile(get_value, options=options)
+        # evaluate and get_value run once an iteration: on a CPU compiling them adds seconds to a cold start and buys
+        # no fps (doc/compile.md); on CUDA each is one graph instead of dozens of kernel launches
+        if device.type == "cuda":
+            evaluate = torch.compile(evaluate, options=options)
+            get_value = torch.compile(get_value, options=options)
         update_minibatch = torch.compile(update_minibatch, options=options)
     if args.cudagraphs:
         if act_device.type == "cuda":

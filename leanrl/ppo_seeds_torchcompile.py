@@ -106,9 +106,10 @@ class Args:
     """the target KL divergence threshold"""
 
     compile: bool = False
-    """if toggled, wrap the units in torch.compile: `evaluate`, `get_value`, `update` and the policy step where it acts
-    on CUDA (--no-host-actor; a policy acting on the host, a CPU learner's or --host-actor's, acts in numpy or eagerly:
-    main's acting choice); `gae` runs in numpy, with nothing to compile"""
+    """if toggled, wrap the units in torch.compile: `update`, and on CUDA `evaluate`, `get_value` (once an iteration
+    each: on a CPU not worth their compile) and the policy step where it acts there (--no-host-actor; a policy acting on
+    the host, a CPU learner's or --host-actor's, acts in numpy or eagerly: main's acting choice); `gae` runs in numpy,
+    with nothing to compile"""
     cudagraphs: bool = False
     """if toggled, wrap the units that run on CUDA in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     host_actor: bool = True
@@ -485,8 +486,11 @@ def main(args: Args):
         options = dict(cpp_wrapper=True) if device.type == "cpu" else {}
         if act_device.type == "cuda":
             policy = torch.compile(policy, options=options)
-        evaluate = torch.compile(evaluate, options=options)
-        get_value = torch.compile(get_value, options=options)
+        # evaluate and get_value run once an iteration: on a CPU compiling them adds seconds to a cold start and buys
+        # no fps (doc/compile.md); on CUDA each is one graph instead of dozens of kernel launches
+        if device.type == "cuda":
+            evaluate = torch.compile(evaluate, options=options)
+            get_value = torch.compile(get_value, options=options)
         update_minibatch = torch.compile(update_minibatch, options=options)
     if args.cudagraphs:
         if act_device.type == "cuda":

@@ -85,7 +85,8 @@ class Args:
     """the scale of policy noise"""
 
     compile: bool = False
-    """if toggled, wrap the policy, critic, actor and target-update units in torch.compile"""
+    """if toggled, wrap the critic and actor units in torch.compile, and on CUDA the policy and target-update units
+    too (on a CPU, acting on one observation and a soft copy are not worth their compile)"""
     cudagraphs: bool = False
     """if toggled, wrap the units in CUDA graphs (tensordict's CudaGraphModule; CUDA only)"""
     measure_burnin: int = 1000
@@ -361,10 +362,13 @@ def main(args: Args):
         # the vector ISA the CPU reports (ATen's own check), not a test program compiled per candidate ISA: most of a
         # cold start's fixed cost on a CPU (doc/compile.md); CUDA kernels do not use it
         torch._inductor.config.cpp.vec_isa_ok = True
-        policy = torch.compile(policy)
         critic_step = torch.compile(critic_step)
         actor_step = torch.compile(actor_step)
-        targets_step = torch.compile(targets_step)
+        # acting on one observation and the targets' soft copy: on a CPU compiling them adds seconds to a cold
+        # start and buys no fps (doc/compile.md)
+        if device.type == "cuda":
+            policy = torch.compile(policy)
+            targets_step = torch.compile(targets_step)
     if args.cudagraphs:
         policy = CudaGraphModule(policy)
         critic_step = CudaGraphModule(critic_step)

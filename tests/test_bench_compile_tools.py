@@ -8,6 +8,7 @@ import sys
 import torch
 
 from conftest import ROOT, assert_user_error, run_command
+from test_report import dry_run
 
 sys.path.insert(0, str(ROOT / "leanrl" / "tools"))
 import bench_cold_compile  # noqa: E402
@@ -93,6 +94,16 @@ def test_cold_compile_leaves_the_units_named_eager_uncompiled():
     # a misspelt name meets no unit: the tool says so instead of a table of everything compiled
     rows = {("classic", "none"): dict(units=units)}
     assert bench_cold_compile.unmatched(["Linear.forward", "Agent.get_valeu"], rows) == ["Agent.get_valeu"]
+
+
+def test_cold_compile_steady_runs_take_the_sweeps_budgets(tmp_path):
+    """--steady's warm run of a family is the default sweep's `compile` run (run.sh, DRY=1), budget and all: TD3's
+    own learning_starts (25,000) would leave the sweep's 8,000 steps no update, and the run would refuse to start."""
+    runs, _ = dry_run(tmp_path, *bench_cold_compile.FAMILIES)
+    for family, steady in bench_cold_compile.STEADY.items():
+        command = runs[f"{family}/03-compile"][0]
+        budget = command.split(" --log-dir ")[1].split()[1:]
+        assert steady == budget, family
 
 
 def test_cold_compile_refuses_an_unknown_family_or_option_set(tmp_path):

@@ -8,7 +8,8 @@ device asks, and neither write its inputs, return tensors that require grad, nor
 and, run once on a simulated CUDA device, read or make nothing on the host. Then the run is resumed from the
 checkpoint a CUDA-graph run would have written (capturable Adam state, CUDA generators): the resumed run must take its
 own settings, not the checkpoint's, step with the lr it logs, and go on with its generators re-seeded, said in one
-line. The DDP scripts also run on two ranks, where the update holds the gradient all-reduce.
+line. The DDP scripts also run on two ranks, where the update holds the gradient all-reduce. On the CPU, what each
+script compiles is the set of units that pay there (`CPU_COMPILED`).
 
 What the CPU cannot show (a real CUDA run's speed and memory, the capture itself) `tests/test_gpu.py` checks on a GPU.
 """
@@ -39,6 +40,31 @@ BUDGET = {
 # the pruned scripts prune twice within the smoke budget: their units are rebuilt, and captured again, each time
 PRUNE_TWICE = ["--prune-ratio", "0.5", "--prune-start", "2", "--prune-every", "1", "--prune-steps", "2"]
 RUNNER = ROOT / "tests" / "cudagraph_contract.py"
+# what `--compile` compiles on a CPU (doc/compile.md, "What compiles"): the units called often enough to pay back a cold
+# start there. The ones a loop calls once an iteration (PPO's evaluate, get_value, Atari's gae), once in hundreds of
+# steps (DQN's target copy) or that cost little beside the update (SAC's and TD3's acting and soft target copy) compile
+# on CUDA only, where the block compiles and captures every unit
+CPU_COMPILED = {
+    "dqn_atari_envpool_torchcompile.py": {"act", "update"},
+    "dqn_torchcompile.py": {"update"},
+    "ppo_atari_envpool_compile_async_torchcompile.py": {"policy", "update"},
+    "ppo_atari_envpool_ddp_torchcompile.py": {"policy", "update"},
+    "ppo_atari_envpool_pruned_torchcompile.py": {"policy", "update"},
+    "ppo_atari_envpool_quantized_torchcompile.py": {"rollout_values", "update"},
+    "ppo_atari_envpool_seeds_torchcompile.py": {"policy", "update"},
+    "ppo_atari_envpool_torchcompile.py": {"policy", "update"},
+    "ppo_compile_async_torchcompile.py": {"update"},
+    "ppo_continuous_action_seeds_torchcompile.py": {"Normalizer.obs", "update"},
+    "ppo_continuous_action_torchcompile.py": {"Normalizer.obs", "update"},
+    "ppo_ddp_torchcompile.py": {"update"},
+    "ppo_pruned_torchcompile.py": {"update"},
+    "ppo_quantized_torchcompile.py": {"act", "behaviour_logprob", "update"},
+    "ppo_seeds_torchcompile.py": {"update"},
+    "ppo_teacher_student_torchcompile.py": {"Agent.get_value", "update"},  # the teacher's value, part of its trick
+    "ppo_torchcompile.py": {"update"},
+    "sac_continuous_action_torchcompile.py": {"update_actor", "update_critic"},
+    "td3_continuous_action_torchcompile.py": {"update_actor", "update_critic"},
+}
 CUDA_RNG_STATE = torch.zeros(plumbing.CUDA_RNG_STATE_BYTES, dtype=torch.uint8)
 
 
@@ -106,6 +132,7 @@ def test_units_keep_the_cuda_graph_contract_and_a_resume_takes_its_own_settings(
     flags = flags_of(script)
     (found,) = contract_run(script, *flags, "--save-model", log_dir=tmp_path / "first")
     assert_contract_holds(found, tmp_path / "first")
+    assert set(found["compiled"]) == CPU_COMPILED[script]
 
     cuda_checkpoint(tmp_path / "first" / "agent.pt", tmp_path / "cuda.pt")
     _, resumed_steps = next(b for family, b in BUDGET.items() if script.startswith(family))

@@ -62,8 +62,8 @@ STEADY = {
     "classic": ["--total-timesteps", "200000"],
     "atari": ["--total-timesteps", "10240"],
     "mujoco": ["--total-timesteps", "20480"],
-    "sac": ["--total-timesteps", "8000"],
-    "td3": ["--total-timesteps", "8000"],
+    "sac": ["--total-timesteps", "8000", "--learning-starts", "5000"],
+    "td3": ["--total-timesteps", "8000", "--learning-starts", "5000"],
     "dqn": ["--total-timesteps", "30000"],
     "dqn_atari": [
         "--total-timesteps",
