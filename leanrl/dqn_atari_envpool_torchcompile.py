@@ -102,9 +102,9 @@ class Args:
     """path of an agent.pt written by --save-model: continue that run (the checkpoint holds the replay buffer; envpool
     cannot snapshot the game in flight, which ends there as a time limit would end it, and a new game starts)"""
     num_threads: int = plumbing.cores()
-    """torch intra-op threads (default: every core the process may use: the batch-32 convolution updates use them all;
-    on an idle 2-core EPYC, --compile stepped at 114 steps/s on two threads, 74 on one; on a busy machine pass 1 or
-    pin the run, as two threads waiting on each other made the batch-1 acting forward 30x slower)"""
+    """torch intra-op threads (default: every core the process may use: the batch-32 convolution updates use them all,
+    and two threads stepped faster than one on an idle 2-core CPU; on a busy machine pass 1 or pin the run, as two
+    threads waiting on each other made the batch-1 acting forward many times slower; doc/offpolicy.md)"""
 
 
 def check_args(args: Args) -> Optional[dict]:

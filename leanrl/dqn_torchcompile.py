@@ -156,7 +156,8 @@ def act(q_network, obs):
 
 def numpy_act(q_network):
     """`act` for one obs on a CPU, from numpy views of the weights (they share the Q-network's memory: every update is
-    seen). At one obs a torch forward is all per-op dispatch, ~50 us a step in the loop; numpy's three GEMVs take ~9."""
+    seen). At one obs a torch forward is all per-op dispatch; numpy's three GEMVs skip it, several times faster in the
+    loop (doc/offpolicy.md)."""
     (w1, b1), (w2, b2), (w3, b3) = [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in list(q_network)[::2]]
     return lambda obs: int((w3 @ np.maximum(w2 @ np.maximum(w1 @ obs + b1, 0) + b2, 0) + b3).argmax())
 
@@ -198,8 +199,8 @@ def make_optimizer(q_network, lr, capturable: bool):
 
 def adam_step(optimizer, params: list, grads: list):
     """torch.optim.Adam's step in its functional form, on the optimizer's own state (see make_optimizer): with the
-    gradients from torch.func.grad, a compiled update is one graph. DQN's CartPole runs 1.70x as fast as with LeanRL's
-    loss.backward() and optimizer.step() compiled (the sweep's budget, a 2-core CPU: doc/compile.md)."""
+    gradients from torch.func.grad, a compiled update is one graph, which beats LeanRL's
+    loss.backward() and optimizer.step() compiled (doc/compile.md)."""
     state = [optimizer.state[p] for p in params]
     # the lr is the param group's, the tensor the loop anneals in place. CleanRL's float assignment works on a CPU
     # (compiled code re-traces once, at the first new value, then takes every value); on CUDA it is refused: a CUDA
@@ -331,7 +332,7 @@ def main(args: Args):
         # a CPU call costs its overhead, not its arithmetic: C++ wrapper code instead of Python; on CUDA no options
         options = dict(cpp_wrapper=True) if device.type == "cpu" else None
         if device.type == "cuda":
-            # on a CPU `act` stays eager: at one obs torch's took 32 us eager, 38.5 compiled (cpp_wrapper), 48 plain
+            # on a CPU `act` stays eager: at one obs compiled it was slower, cpp_wrapper or not (doc/offpolicy.md)
             policy = torch.compile(policy, options=options)
         td_update = torch.compile(td_update, options=options)
         # the target copy runs once every --target-network-frequency steps: on a CPU compiling it adds seconds to a

@@ -113,7 +113,7 @@ class Args:
     """if toggled, wrap policy, gae and update in tensordict's CudaGraphModule (CUDA only; ignored on CPU)"""
     bf16: bool = False
     """run the CNN trunk under bfloat16 autocast where the hardware has native bf16 (AVX512-BF16/AMX CPUs, CUDA):
-    ~1.5x faster on a 2-core CPU, but on Breakout it learned slower at 200k steps (doc/atari.md), so it is opt-in"""
+    faster than fp32 there, but on Breakout it learned slower at 200k steps (doc/atari.md), so it is opt-in"""
     measure_burnin: int = 3
     """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
     log_dir: Optional[str] = None
@@ -130,8 +130,8 @@ class Args:
     """step the envs as two envpool pools, one half each: one half's emulators run while the policy acts for the
     other and its actions come back to the host, so the envs need not wait for the policy (the same transitions as one
     pool; the policy acts on half batches). Default: on where CUDA is available (the emulators wait on the GPU policy
-    there), off on a CPU, where it pays only with a core the policy leaves free (2 cores: the rollout 2-10% faster with
-    --num-threads 1, ~20% slower with the default 2; doc/atari.md)"""
+    there), off on a CPU, where it pays only with a core the policy leaves free (2 cores: the rollout faster with
+    --num-threads 1, slower with the default 2, whose threads fight the emulators for the cores; doc/atari.md)"""
     prune_ratio: float = 0.5
     """final fraction of every hidden layer's channels (neurons) removed (0 turns pruning off)"""
     prune_steps: int = 5
@@ -219,7 +219,7 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
     def trunk(self, x):
-        # bf16 autocast covers the convolutions and the 3136x512 layer, where the time goes (~2x fp32 on AMX/AVX512);
+        # bf16 autocast covers the convolutions and the 3136x512 layer, where the time goes (doc/atari.md);
         # heads and downstream see fp32. No cast cache (CUDA graph capture needs it off): each weight is cast per call.
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=False):
             hidden = self.network(x.float() / 255.0)
@@ -443,7 +443,7 @@ def main(args: Args):
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     # fp32 matmuls, as in the baseline (CleanRL's): LeanRL's torch.set_float32_matmul_precision("high") (TF32) changes
-    # the numbers for little here: on an H200 the whole update took 0.015 s of Breakout's 0.3 s iteration
+    # the numbers for little here: on an H200 the update is a small share of Breakout's iteration
     # (doc/gpu.md). cuDNN's convolutions take TF32 by default, in both scripts.
     torch.set_num_threads(args.num_threads)
     device = plumbing.pick_device(args)

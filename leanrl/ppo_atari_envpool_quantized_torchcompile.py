@@ -4,7 +4,7 @@ ppo_atari_envpool_torchcompile.py plus one trick, in the functions that hold it 
 
 - `quantize_policy`: the rollout acts with a low-precision copy of the agent. On a CPU its trunk is int8
   (`--quant-method int8`): eager static quantization, x86 engine (fbgemm/oneDNN VNNI), convs and the 3136x512 layer
-  fused with their ReLUs, ranges calibrated on recent frames, rebuilt eagerly in ~0.1 s (PT2E's int8 is as fast but
+  fused with their ReLUs, ranges calibrated on recent frames, rebuilt eagerly and cheaply (PT2E's int8 is as fast but
   recompiles per rebuild; torchao's covers Linear only). Elsewhere, bf16 weights (`--quant-method bf16`).
 - `Requantizer`: the copy is rebuilt from the fp32 weights every `--quant-every` iterations (`--quant-async`: in a
   background thread, acting from the next iteration); the update trains the fp32 agent on the copy's log-probs (a true
@@ -120,7 +120,7 @@ class Args:
     CPU); the low-precision policy stays out: each rebuild makes new tensors, and a graph replays those it captured"""
     bf16: bool = False
     """run the CNN trunk under bfloat16 autocast where the hardware has native bf16 (AVX512-BF16/AMX CPUs, CUDA):
-    ~1.5x faster on a 2-core CPU, but on Breakout it learned slower at 200k steps (doc/atari.md), so it is opt-in"""
+    faster than fp32 there, but on Breakout it learned slower at 200k steps (doc/atari.md), so it is opt-in"""
     measure_burnin: int = 3
     """iterations left out of the steady-state fps (compilation and warm-up happen there)"""
     log_dir: Optional[str] = None
@@ -137,8 +137,8 @@ class Args:
     """step the envs as two envpool pools, one half each: one half's emulators run while the policy acts for the
     other and its actions come back to the host, so the envs need not wait for the policy (the same transitions as one
     pool; the policy acts on half batches). Default: on where CUDA is available (the emulators wait on the GPU policy
-    there), off on a CPU, where it pays only with a core the policy leaves free (2 cores: the rollout 2-10% faster with
-    --num-threads 1, ~20% slower with the default 2; doc/atari.md)"""
+    there), off on a CPU, where it pays only with a core the policy leaves free (2 cores: the rollout faster with
+    --num-threads 1, slower with the default 2, whose threads fight the emulators for the cores; doc/atari.md)"""
     quant_every: int = 1
     """rebuild the low-precision rollout policy from the trained fp32 weights every this many iterations"""
     quant_async: bool = False
@@ -218,7 +218,7 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
     def trunk(self, x):
-        # bf16 autocast covers the convolutions and the 3136x512 layer, where the time goes (~2x fp32 on AMX/AVX512);
+        # bf16 autocast covers the convolutions and the 3136x512 layer, where the time goes (doc/atari.md);
         # heads and downstream see fp32. No cast cache (CUDA graph capture needs it off): each weight is cast per call.
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=False):
             hidden = self.network(x.float() / 255.0)
@@ -283,9 +283,10 @@ def check_quant_method(args: Args, device: torch.device):
 def quantize_policy(agent: Agent, obs, method: str, calib_obs=None) -> Agent:
     """The rollout policy: `agent` (a fresh copy of the trained one) with a low-precision trunk, fp32 heads. int8: the
     trunk between quant/dequant stubs, each conv/linear fused with its ReLU, activation ranges observed on `calib_obs`
-    (recent frames; default `obs`), converted to the x86 engine's int8 modules: trunk ~2.8x, acting step ~1.75x faster
-    than fp32 at 8 envs on this CPU (AVX512-VNNI), rebuilt in ~0.1 s. bf16: the trunk's weights cast, run under its
-    bf16 autocast (no per-call casts), step ~1.35x here. Returned warmed up on `obs` (a rollout step's batch)."""
+    (recent frames; default `obs`), converted to the x86 engine's int8 modules: the fastest acting
+    step on a CPU with VNNI, cheap to rebuild (doc/quantized.md). bf16: the trunk's weights cast, run under its bf16
+    autocast (no per-call casts), faster than fp32, slower than int8.
+    Returned warmed up on `obs` (a rollout step's batch)."""
     agent.requires_grad_(False)
     if method == "bf16":
         agent.network.to(torch.bfloat16)
@@ -463,7 +464,7 @@ def main(args: Args):
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     # fp32 matmuls, as in the baseline (CleanRL's): LeanRL's torch.set_float32_matmul_precision("high") (TF32) changes
-    # the numbers for little here: on an H200 the whole update took 0.015 s of Breakout's 0.3 s iteration
+    # the numbers for little here: on an H200 the update is a small share of Breakout's iteration
     # (doc/gpu.md). cuDNN's convolutions take TF32 by default, in both scripts.
     torch.set_num_threads(args.num_threads)
     device = plumbing.pick_device(args)

@@ -489,8 +489,9 @@ def rollout(pools, policy, normalize, numpy_act: bool, normalizer, next_obs, nex
 
 
 def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda: float):
-    """CleanRL's GAE: deltas and discounts at once in torch, the recursion over numpy rows on the host (~2 us a step);
-    a loop of torch ops costs ~12k dispatches (~50 ms an iteration), and torch.compile takes minutes to unroll it."""
+    """CleanRL's GAE: deltas and discounts at once in torch, the recursion over numpy rows on the host: a
+    loop of torch ops is thousands of tiny dispatches, and torch.compile takes minutes to unroll it
+    (doc/continuous_control.md)."""
     nextnonterminal = 1.0 - torch.cat([dones[1:], next_done.unsqueeze(0)])
     nextvalues = torch.cat([values[1:], next_value.unsqueeze(0)])
     deltas = (rewards + gamma * nextvalues * nextnonterminal - values).cpu().numpy()
@@ -621,8 +622,9 @@ def main(args: Args):
     # step of a 64-unit MLP costs less there than GPU launches) or, with --no-host-actor, on the device: the only place
     # where the policy unit is compiled and, with the normalizer, captured below. On the host the rollout normalizes
     # and acts in numpy, on views of the statistics and weights (--numpy-act: at one row a torch call is all per-op
-    # dispatch), or in torch: the normalizer compiled with --compile (one fused step, ~80 -> ~40 us), the policy eager
-    # (compiled it is slower, ~90 vs ~45 us a step). Here every member's: its own actor_mean and statistics, stacked.
+    # dispatch), or in torch: the normalizer compiled with --compile (one fused step instead of several ops), the
+    # policy eager (compiled it is slower; doc/continuous_control.md).
+    # Here every member's: its own actor_mean and statistics, stacked.
     host = device.type == "cuda" and args.host_actor
     act_device = torch.device("cpu") if host else device
     acting = host_copy(part(inference, "actor_mean"), act_device) if host else part(inference, "actor_mean")

@@ -140,8 +140,8 @@ def check_args(args: Args) -> Optional[dict]:
 
 
 def make_envs(args: Args, video_dir: str):
-    # Gymnasium's SyncVectorEnv steps 4 CartPoles at ~120k steps/s here, envpool at ~55k (its per-call overhead
-    # dominates at this size). SAME_STEP autoreset is CleanRL's: the observation after a done is the reset one.
+    # Gymnasium's SyncVectorEnv steps 4 CartPoles faster than envpool, whose per-call overhead dominates at this size
+    # (doc/classic_control.md). SAME_STEP autoreset is CleanRL's: the observation after a done is the reset one.
     # copy=False hands back the env's own obs array (rollout copies it before the next step) instead of a deepcopy.
     def make(idx):
         if args.capture_video and idx == 0:
@@ -268,9 +268,9 @@ def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf,
 
 
 def gae(next_value, next_done, rewards, dones, values, gamma: float, gae_lambda: float):
-    """CleanRL's GAE: deltas and discounts at once in torch, the recursion over numpy rows on the host (~1 us a step,
-    the same numbers). As torch ops the loop costs ~2 ms an iteration eager, and compiling it took 24 s of a cold start
-    to save those 2 ms."""
+    """CleanRL's GAE: deltas and discounts at once in torch, the recursion over numpy rows on the host (the same
+    numbers). As torch ops the loop is slower eager, and compiling it cost far more of a cold start than it saved
+    (doc/classic_control.md)."""
     nextnonterminal = 1.0 - torch.cat([dones[1:], next_done.unsqueeze(0)])
     nextvalues = torch.cat([values[1:], next_value.unsqueeze(0)])
     deltas = (rewards + gamma * nextvalues * nextnonterminal - values).cpu().numpy()
@@ -335,8 +335,8 @@ def make_optimizer(agent, lr, capturable: bool):
 
 def adam_step(optimizer, params: list, grads: list):
     """torch.optim.Adam's step in its functional form, on the optimizer's own state (see make_optimizer): with the
-    gradients from torch.func.grad, a compiled update is one graph. CartPole runs 1.48x as fast as with LeanRL's
-    loss.backward() and optimizer.step() compiled (the sweep's budget, a 2-core CPU: doc/compile.md)."""
+    gradients from torch.func.grad, a compiled update is one graph, which beats LeanRL's
+    loss.backward() and optimizer.step() compiled (doc/compile.md)."""
     state = [optimizer.state[p] for p in params]
     # the lr is the param group's, the tensor the loop anneals in place. CleanRL's float assignment works on a CPU
     # (compiled code re-traces once, at the first new value, then takes every value); on CUDA it is refused: a CUDA
@@ -393,8 +393,8 @@ def main(args: Args):
     # a host copy of it (--host-actor; the loop refreshes it: a 4-row step of a 64-unit MLP costs less on the CPU than
     # GPU launches) or, with --no-host-actor, on the device: the only place where the policy unit is compiled and
     # captured below. On the host the step runs through numpy views of the weights (--numpy-act: at 4 rows a torch
-    # forward is all per-op dispatch) or eagerly: compiled, a step is faster alone (29 vs 34 us) but slower in the
-    # rollout, where it and the env evict each other's caches (93 vs 83 us a step).
+    # forward is all per-op dispatch) or eagerly: compiled, a step is faster alone but slower in the
+    # rollout, where it and the env evict each other's caches (doc/classic_control.md).
     host = device.type == "cuda" and args.host_actor
     act_device = torch.device("cpu") if host else device
     acting = host_copy(agent.actor, act_device) if host else agent_inference.actor
@@ -412,8 +412,8 @@ def main(args: Args):
         # cold start's fixed cost on a CPU (doc/compile.md); CUDA kernels do not use it
         torch._inductor.config.cpp.vec_isa_ok = True
         # at these sizes a compiled call costs its overhead, not its arithmetic: C++ wrapper code instead of Python,
-        # and inductor's own GEMMs where they beat a library call (max_autotune), cut a minibatch update from ~290
-        # to ~245 us on a CPU; on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
+        # and inductor's own GEMMs where they beat a library call (max_autotune), make a CPU minibatch update faster
+        # (doc/copying.md); on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
         options = dict(cpp_wrapper=True, max_autotune=True) if device.type == "cpu" else {}
         if act_device.type == "cuda":
             policy = torch.compile(policy, options=options)
