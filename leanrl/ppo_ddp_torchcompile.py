@@ -491,8 +491,8 @@ def make_optimizer(agent, lr, capturable: bool):
 
 def adam_step(optimizer, params: list, grads: list):
     """torch.optim.Adam's step in its functional form, on the optimizer's own state (see make_optimizer): with the
-    gradients from torch.func.grad, a compiled update is one graph, which beats LeanRL's
-    loss.backward() and optimizer.step() compiled (doc/compile.md)."""
+    gradients from torch.func.grad, a compiled update is one graph, which beats LeanRL's loss.backward() and
+    optimizer.step() compiled (doc/compile.md)."""
     state = [optimizer.state[p] for p in params]
     # the lr is the param group's, the tensor the loop anneals in place. CleanRL's float assignment works on a CPU
     # (compiled code re-traces once, at the first new value, then takes every value); on CUDA it is refused: a CUDA
@@ -558,8 +558,8 @@ def main(args: Args):
     # a host copy of it (--host-actor; the loop refreshes it: a 4-row step of a 64-unit MLP costs less on the CPU than
     # GPU launches) or, with --no-host-actor, on the device: the only place where the policy unit is compiled and
     # captured below. On the host the step runs through numpy views of the weights (--numpy-act: at 4 rows a torch
-    # forward is all per-op dispatch) or eagerly: compiled, a step is faster alone but slower in the
-    # rollout, where it and the env evict each other's caches (doc/classic_control.md).
+    # forward is all per-op dispatch) or eagerly: compiled, a step is faster alone but slower in the rollout, where
+    # it and the env evict each other's caches (doc/classic_control.md).
     host = device.type == "cuda" and args.host_actor
     act_device = torch.device("cpu") if host else device
     acting = host_copy(agent.actor, act_device) if host else agent_inference.actor

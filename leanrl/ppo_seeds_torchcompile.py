@@ -463,8 +463,8 @@ def main(args: Args):
     # a host copy of it (--host-actor; the loop refreshes it: a 4-row step of a 64-unit MLP costs less on the CPU than
     # GPU launches) or, with --no-host-actor, on the device: the only place where the policy unit is compiled and
     # captured below. On the host the step runs through numpy views of the weights (--numpy-act: at 4 rows a torch
-    # forward is all per-op dispatch) or eagerly: compiled, a step is faster alone but slower in the
-    # rollout, where it and the env evict each other's caches (doc/classic_control.md).
+    # forward is all per-op dispatch) or eagerly: compiled, a step is faster alone but slower in the rollout, where
+    # it and the env evict each other's caches (doc/classic_control.md).
     host = device.type == "cuda" and args.host_actor
     act_device = torch.device("cpu") if host else device
     acting = host_copy(part(inference, "actor"), act_device) if host else part(inference, "actor")

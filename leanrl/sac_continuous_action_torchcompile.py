@@ -255,8 +255,8 @@ def make_optimizer(params: list, lr, capturable: bool):
 
 def adam_step(optimizer, params: list, grads: list):
     """torch.optim.Adam's step in its functional form, on the optimizer's own state (see make_optimizer): with the
-    gradients from torch.func.grad, a compiled update is one graph, which beats LeanRL's
-    loss.backward() and optimizer.step() compiled (doc/compile.md)."""
+    gradients from torch.func.grad, a compiled update is one graph, which beats LeanRL's loss.backward() and
+    optimizer.step() compiled (doc/compile.md)."""
     state = [optimizer.state[p] for p in params]
     # the lr is the param group's, the tensor the loop anneals in place. CleanRL's float assignment works on a CPU
     # (compiled code re-traces once, at the first new value, then takes every value); on CUDA it is refused: a CUDA
