@@ -150,7 +150,7 @@ def test_defaults_pass_the_checks(script, tmp_path, capsys, monkeypatch):
     """The control: the checks do not refuse a good command line (else every case below would pass vacuously), on a
     machine the defaults fit on (Atari DQN's default buffer alone is 6.6 GiB)."""
     name, module = script
-    monkeypatch.setattr(plumbing, "available_memory", lambda: 64 * 2**30)
+    monkeypatch.setattr(plumbing.memory, "available_memory", lambda: 64 * 2**30)
     code, err = check(module, [], tmp_path / "run", capsys, monkeypatch)
     assert code == 0, err
 

@@ -274,7 +274,7 @@ def test_a_resumed_run_frees_the_checkpoint_it_loaded(name, tmp_path, monkeypatc
         alive.append(loaded[0]() is not None)
         run_init(self, *args, **kwargs)
 
-    monkeypatch.setattr(plumbing, "load_checkpoint", recording_load)
+    monkeypatch.setattr(plumbing.life, "load_checkpoint", recording_load)
     monkeypatch.setattr(plumbing.Run, "__init__", checking_init)
     resume = ["--resume", str(tmp_path / "first" / "agent.pt"), "--log-dir", str(tmp_path / "resumed")]
     run_in_process(module, monkeypatch, *TINY[2:], "--total-timesteps", "250", *resume)

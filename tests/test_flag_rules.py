@@ -34,7 +34,7 @@ def test_a_seeds_runs_memory_check_counts_every_members_envs(script, tmp_path, m
     args = module.Args(num_seeds=8, num_envs=2, num_steps=64, log_dir=str(tmp_path / "run"))
     family = next(f for f in ("atari", "mujoco", "classic") if f in plumbing.env_family(args.env_id))
     seen = []
-    monkeypatch.setattr(plumbing, "fits", lambda args, stores, *rest: seen.append(dict(stores)))
+    monkeypatch.setattr(plumbing.memory, "fits", lambda args, stores, *rest: seen.append(dict(stores)))
     module.check_args(args)
     host = seen[-1]
     assert host["envs"] == 8 * 2 * plumbing.ENV_BYTES[family]

@@ -1,4 +1,4 @@
-"""A run's lifecycle, from its first check to its last write (leanrl/plumbing.py, issue 41 items 9-16): the log dir a
+"""A run's lifecycle, from its first check to its last write (leanrl/plumbing/, issue 41 items 9-16): the log dir a
 run may write to, resuming (rows past the checkpoint, a finished run), the final writes (a full disk, a signal while
 they run), `--track` without a login or a network, and the memory and threads a run asks for.
 
@@ -64,7 +64,7 @@ def test_a_log_dir_is_reused_when_resume_points_into_it(tmp_path):
 def test_default_log_dirs_never_collide(tmp_path, monkeypatch):
     """Two runs of one script and seed started in the same second get two folders, each created by its own run."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(plumbing.time, "time", lambda: 1767225600.0)
+    monkeypatch.setattr(plumbing.logdir.time, "time", lambda: 1767225600.0)
     first, second = Args(seed=3), Args(seed=3)
     plumbing.check_run(first, "some_script")
     plumbing.check_run(second, "some_script")
@@ -336,8 +336,8 @@ GIB = 2**30
 @pytest.fixture
 def sixteen_gib(monkeypatch):
     """A machine with 16 GiB free and no CUDA device, whatever this one has."""
-    monkeypatch.setattr(plumbing, "available_memory", lambda: 16 * GIB, raising=False)
-    monkeypatch.setattr(plumbing.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(plumbing.memory, "available_memory", lambda: 16 * GIB, raising=False)
+    monkeypatch.setattr(plumbing.memory.torch.cuda, "is_available", lambda: False)
 
 
 def script_check(name, argv, tmp_path, monkeypatch):
@@ -410,8 +410,8 @@ def test_the_estimate_covers_the_replay_buffer_a_script_allocates(monkeypatch):
 
 def test_check_memory_counts_the_ranks_on_this_machine(capsys, monkeypatch):
     """torchrun's ranks share the host's memory: 3 GiB per rank fits 8 GiB alone, not with 4 ranks."""
-    monkeypatch.setattr(plumbing, "available_memory", lambda: 8 * GIB)
-    monkeypatch.setattr(plumbing.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(plumbing.memory, "available_memory", lambda: 8 * GIB)
+    monkeypatch.setattr(plumbing.memory.torch.cuda, "is_available", lambda: False)
     args = Args(num_envs=1)
     args.num_steps = 1000
     plumbing.check_memory(args, "classic", rollout=3 * GIB)
@@ -432,10 +432,10 @@ def test_more_threads_than_cores_is_said_in_one_line(tmp_path, capsys):
 def test_check_memory_puts_the_stores_on_a_cuda_learner_against_the_gpu(capsys, monkeypatch):
     """A CUDA learner (faked here: no GPU needed) holds the rollout on the GPU and the env pools on the host: 8 GiB of
     rollout does not fit 4 GiB free on the GPU, however much the host has; 4 Atari envs fit the host."""
-    monkeypatch.setattr(plumbing, "available_memory", lambda: 64 * GIB)
-    monkeypatch.setattr(plumbing.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(plumbing.torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(plumbing.torch.cuda, "mem_get_info", lambda index: (4 * GIB, 80 * GIB))
+    monkeypatch.setattr(plumbing.memory, "available_memory", lambda: 64 * GIB)
+    monkeypatch.setattr(plumbing.memory.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(plumbing.memory.torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(plumbing.memory.torch.cuda, "mem_get_info", lambda index: (4 * GIB, 80 * GIB))
     args = Args(num_envs=4)
     args.num_steps = 128
     plumbing.check_memory(args, "atari", rollout=3 * GIB)
@@ -552,7 +552,7 @@ def test_a_full_disk_mid_run_stops_it_as_ctrl_c_does(tmp_path, capsys, monkeypat
     """metrics.jsonl on a full disk (/dev/full: every write fails with ENOSPC): the row's write says so in one line and
     stops the run at that log line with its state consistent, so the checkpoint and the summary are still tried; exit
     code 1, no traceback."""
-    monkeypatch.setattr(plumbing, "UNWRITTEN", [])
+    monkeypatch.setattr(plumbing.logdir, "UNWRITTEN", [])
     (tmp_path / "metrics.jsonl").symlink_to("/dev/full")
     run = plumbing.Run(Args(log_dir=str(tmp_path)), "some_script", CPU, total_steps=30)
     with run:

@@ -1,4 +1,4 @@
-"""The run plumbing every training script imports (leanrl/plumbing.py), tested once here: one behaviour everywhere.
+"""The run plumbing every training script imports (leanrl/plumbing/), tested once here: one behaviour everywhere.
 
 The scripts' own tests check that they call it (their smoke runs' logs, resume, bad input); this module checks what
 it does, against references written independently of it."""
@@ -434,7 +434,7 @@ def test_the_bar_shows_no_return_before_an_episode_has_finished(tmp_path):
 def test_untimed_seconds_are_left_out_of_the_fps_and_the_compile_time(tmp_path, monkeypatch):
     """A clock that moves 1 s per interval, a quarter of it an evaluation: 10 steps per interval count as 10 / 0.75."""
     clock = iter(float(t) for t in range(100))
-    monkeypatch.setattr(plumbing.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(plumbing.life.time, "perf_counter", lambda: next(clock))
     run = plumbing.Run(Args(log_dir=str(tmp_path)), "some_script", torch.device("cpu"), total_steps=50)
     with run:
         for i in range(1, 6):

@@ -25,7 +25,7 @@ import torch
 import tyro
 
 LEANRL = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(LEANRL))  # plumbing.py, for the machine's name as the training scripts record it
+sys.path.insert(0, str(LEANRL))  # the plumbing package, for the machine's name as the training scripts record it
 import plumbing  # noqa: E402
 
 PATCHES = LEANRL.parent / "doc" / "copying"
@@ -85,7 +85,7 @@ def copy_script(out: Path, family: str = "ppo") -> Path:
 def fps(script: Path, log_dir: Path, args: Args, seed: int, *flags: str) -> float:
     cmd = [sys.executable, str(script), "--seed", str(seed), "--total-timesteps", str(args.total_timesteps)]
     cmd += ["--log-dir", str(log_dir), *flags]
-    # the copy imports plumbing.py as the baseline does, from leanrl/
+    # the copy imports the plumbing package as the baseline does, from leanrl/
     env = dict(os.environ, PYTHONPATH=str(LEANRL))
     subprocess.run(cmd, check=True, timeout=args.timeout, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads((log_dir / "summary.json").read_text())["fps"]

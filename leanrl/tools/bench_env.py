@@ -21,7 +21,7 @@ from typing import Literal, Optional
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plumbing.py is one folder up
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plumbing/ is one folder up
 import plumbing
 
 DEFAULTS = {  # the training scripts' default env and env count per family

@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 
 LEANRL = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(LEANRL))  # plumbing.py is in leanrl/, one up
+sys.path.insert(0, str(LEANRL))  # plumbing/ is in leanrl/, one up
 import plumbing  # noqa: E402
 
 IDIOMS = ("functional", "leanrl", "leanrl-ca", "leanrl-step")

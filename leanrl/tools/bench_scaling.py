@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from typing import Literal, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plumbing.py is in leanrl/, one up
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plumbing/ is in leanrl/, one up
 import plumbing
 
 LEANRL = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the training scripts' folder

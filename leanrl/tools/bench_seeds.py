@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 LEANRL = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(LEANRL))  # plumbing.py is in leanrl/, one up
+sys.path.insert(0, str(LEANRL))  # plumbing/ is in leanrl/, one up
 import plumbing  # noqa: E402
 
 FAMILIES = {

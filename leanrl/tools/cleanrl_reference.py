@@ -36,7 +36,7 @@ from typing import Annotated, Union
 
 import tyro
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plumbing.py is in leanrl/, one up
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plumbing/ is in leanrl/, one up
 import plumbing
 
 ROOT = Path(__file__).resolve().parents[2]

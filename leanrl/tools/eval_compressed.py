@@ -42,7 +42,7 @@ from bench_inference import (
 )
 from torch.nn.utils import prune
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plumbing.py is in leanrl/, one up
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plumbing/ is in leanrl/, one up
 import plumbing
 
 # envpool's gymnasium spaces warn at every env creation that their float64 bounds became float32

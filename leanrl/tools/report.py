@@ -30,7 +30,7 @@ import matplotlib
 import numpy as np
 import tyro
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plumbing.py is in leanrl/, one up
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plumbing/ is in leanrl/, one up
 from cleanrl_reference import REFERENCE_SCRIPT
 
 import plumbing
