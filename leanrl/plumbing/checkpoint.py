@@ -229,19 +229,12 @@ def load_checkpoint(args, script: str, same: tuple = ("env_id",)) -> dict:
     if written_by != script:
         fail(f"--resume {args.resume} was written by {written_by}.py; resume it with that script")
     if ckpt.get("format") == PARTS_AT_TOP:
-        for part in [
-            ckpt,
-            *ckpt.get("ranks", []),
-        ]:  # a DDP run's ranks held theirs each
+        for part in [ckpt, *ckpt.get("ranks", [])]:  # a DDP run's ranks held theirs each
             keys = [key for key in ("returns", "lengths", "members") if key in part]
             if keys:
                 part["episodes"] = {key: part.pop(key) for key in keys}
         if "buffer_pos" in ckpt:
-            ckpt["buffer"] = dict(
-                data=ckpt["buffer"],
-                pos=ckpt.pop("buffer_pos"),
-                full=ckpt.pop("buffer_full"),
-            )
+            ckpt["buffer"] = dict(data=ckpt["buffer"], pos=ckpt.pop("buffer_pos"), full=ckpt.pop("buffer_full"))
         ckpt["format"] = CHECKPOINT_FORMAT
     if ckpt.get("format") != CHECKPOINT_FORMAT:
         fail(f"--resume {args.resume} was written by an older version of {script}.py; start a new run")

@@ -18,11 +18,7 @@ from .flags import fail
 
 # where each family's envs come from, and which script takes them, per algorithm
 FAMILIES = {
-    "classic": dict(
-        name="a discrete-action classic-control or Box2D task",
-        ppo="ppo.py",
-        dqn="dqn.py",
-    ),
+    "classic": dict(name="a discrete-action classic-control or Box2D task", ppo="ppo.py", dqn="dqn.py"),
     "atari": dict(name="an Atari game", ppo="ppo_atari_envpool.py", dqn="dqn_atari_envpool.py"),
     "mujoco": dict(
         name="a continuous-action task",

@@ -44,10 +44,7 @@ class Episodes:
         return float(np.mean(self.finished)) if self.finished else None
 
     def state(self) -> dict:
-        return dict(
-            ret=torch.as_tensor(self.ret),
-            finished=torch.tensor(list(self.finished), dtype=torch.float64),
-        )
+        return dict(ret=torch.as_tensor(self.ret), finished=torch.tensor(list(self.finished), dtype=torch.float64))
 
     def load(self, state: dict, restart: bool):
         """The state of `state()`; `restart`: the envs could not be saved and start new episodes, so the returns of the

@@ -169,9 +169,6 @@ def pick_device(args) -> torch.device:
     """CUDA if there is one and `--cuda` (the default); `--cudagraphs` without CUDA is dropped with one line."""
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if args.cudagraphs and device.type != "cuda":
-        print(
-            "--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use",
-            file=sys.stderr,
-        )
+        print("--cudagraphs ignored: CUDA graphs need a CUDA device and none is in use", file=sys.stderr)
         args.cudagraphs = False
     return device

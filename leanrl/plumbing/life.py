@@ -44,12 +44,7 @@ from .members import Members, check_diverged
 
 
 def check_run(
-    args,
-    script: str,
-    same: tuple = ("env_id",),
-    video: bool = False,
-    lead: bool = True,
-    step: int = 1,
+    args, script: str, same: tuple = ("env_id",), video: bool = False, lead: bool = True, step: int = 1
 ) -> Optional[dict]:
     """The flags every script shares, after its own: seed, threads and burn-in ranges, `--capture-video` (`video`:
     whether the script can record), `--resume` (a checkpoint of this script, trained with the same seed and `same`
@@ -119,27 +114,17 @@ class StopFlag:
         if self.finishing:
             if not self.deferred:
                 print(
-                    "\nwriting the checkpoint and summary first; the run stops after them",
-                    file=sys.stderr,
-                    flush=True,
+                    "\nwriting the checkpoint and summary first; the run stops after them", file=sys.stderr, flush=True
                 )
             self.deferred = True
             return
         if not self.logged:
-            print(
-                "\nstopped before the first log line: nothing to save",
-                file=sys.stderr,
-                flush=True,
-            )
+            print("\nstopped before the first log line: nothing to save", file=sys.stderr, flush=True)
             os._exit(130)
         if self.set:
             raise KeyboardInterrupt
         self.set = True
-        print(
-            "\nstopping at the next log line (Ctrl-C again: stop now, no checkpoint)",
-            file=sys.stderr,
-            flush=True,
-        )
+        print("\nstopping at the next log line (Ctrl-C again: stop now, no checkpoint)", file=sys.stderr, flush=True)
 
 
 class Run(Members):
@@ -343,13 +328,7 @@ class Run(Members):
             return None
         return self.first_interval - statistics.median(self.steady_intervals)
 
-    def finish(
-        self,
-        global_step: int,
-        final_return: Optional[float],
-        compile_time: Optional[float] = None,
-        **extra,
-    ):
+    def finish(self, global_step: int, final_return: Optional[float], compile_time: Optional[float] = None, **extra):
         """summary.json (and wandb's summary), one closing line on stderr; exit code 1 if a final write failed, 130 if
         the run was stopped. A run stopped mid-iteration (a second Ctrl-C, a divergence) counts the steps of its last
         row, which its metrics and checkpoint hold, not those of the half-done iteration."""
@@ -380,10 +359,7 @@ class Run(Members):
                     for k, member in enumerate(summary["members"])
                 ]
             summary = strict_json(summary)  # a diverged member's final return may be NaN
-            write_atomically(
-                os.path.join(self.args.log_dir, "summary.json"),
-                json.dumps(summary, indent=2).encode(),
-            )
+            write_atomically(os.path.join(self.args.log_dir, "summary.json"), json.dumps(summary, indent=2).encode())
             if self.wandb:
                 self.wandb.summary.update(summary)
                 self.wandb.finish()

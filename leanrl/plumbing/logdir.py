@@ -213,10 +213,7 @@ def write_atomically(path: str, data) -> bool:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         kept = "the one before it is kept" if os.path.exists(path) else "there is none"
-        print(
-            f"error: could not write {path} ({e.strerror or e}); {kept}",
-            file=sys.stderr,
-        )
+        print(f"error: could not write {path} ({e.strerror or e}); {kept}", file=sys.stderr)
         UNWRITTEN.append(path)
         return False
 
@@ -227,17 +224,9 @@ def git_commit() -> Optional[str]:
     commits unawares."""
     git = ["git", "-C", os.path.dirname(os.path.abspath(__file__))]
     try:
-        head = subprocess.run(
-            [*git, "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
         status = subprocess.run(
-            [*git, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
+            [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -257,10 +246,7 @@ def cores() -> int:
 def cpu_model() -> str:
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        cpu = next(
-            (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-            cpu,
-        )
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     return cpu
 
 
@@ -269,12 +255,7 @@ def machine_info(device: torch.device) -> dict:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     n = os.cpu_count() or 1
     usable = "" if cores() == n else f", this process on {cores()}"  # pinned (taskset, a cpuset)
-    return dict(
-        device=str(device),
-        torch=torch.__version__,
-        cpu=f"{cpu} ({n} cores{usable})",
-        gpu=gpu,
-    )
+    return dict(device=str(device), torch=torch.__version__, cpu=f"{cpu} ({n} cores{usable})", gpu=gpu)
 
 
 def keep_rows_until(path: str, step: int):

@@ -16,11 +16,7 @@ ENV_BYTES = {"classic": 5_000, "atari": 1_200_000, "mujoco": 700_000}
 
 
 # the flags that size each store check_memory knows
-SIZED_BY = {
-    "rollout": ("num_envs", "num_steps"),
-    "replay_buffer": ("buffer_size",),
-    "envs": ("num_envs",),
-}
+SIZED_BY = {"rollout": ("num_envs", "num_steps"), "replay_buffer": ("buffer_size",), "envs": ("num_envs",)}
 
 
 GIB = 2**30
@@ -36,10 +32,7 @@ def available_memory() -> Optional[int]:
         return None
     free = info.get("MemAvailable", 0) + info.get("SwapFree", 0)
     with contextlib.suppress(OSError, ValueError):
-        with (
-            open("/sys/fs/cgroup/memory.max") as f,
-            open("/sys/fs/cgroup/memory.current") as g,
-        ):
+        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
             limit = f.read().strip()
             if limit != "max":
                 free = min(free, int(limit) - int(g.read()))
@@ -67,11 +60,7 @@ def fits(args, stores: dict, free: Optional[int], where: str, ranks: int):
     need = sum(stores.values()) * ranks
     if free is None or need <= free:
         return
-    big = sorted(
-        (store for store in stores if stores[store] * ranks >= need / 20),
-        key=stores.get,
-        reverse=True,
-    )
+    big = sorted((store for store in stores if stores[store] * ranks >= need / 20), key=stores.get, reverse=True)
     flags = list(dict.fromkeys(name for store in big for name in SIZED_BY[store]))  # largest store's first, once each
     if getattr(args, "num_seeds", 1) > 1:  # a seeds run: every member has its own envs and rollout
         flags.append("num_seeds")
