@@ -167,12 +167,6 @@ def act(q_network, obs):
         return q_network(obs).argmax(-1)
 
 
-def td_loss(params, q_network, obs, actions, td_target):
-    q = torch.func.functional_call(q_network, params, (obs,)).gather(1, actions.unsqueeze(1)).squeeze(1)
-    loss = F.mse_loss(td_target, q)
-    return loss, torch.stack([loss, q.mean()]).detach()
-
-
 def stacks(fields: dict, inds):
     """The 4-frame stacks of slots `inds` (see dqn_atari_envpool.py's ReplayBuffer), gathered on the device."""
     back = torch.minimum(torch.arange(3, -1, -1, device=inds.device), fields["age"][inds].unsqueeze(1))
@@ -190,9 +184,14 @@ def update(q_network, target_network, optimizer, gamma: float, fields: dict, ind
     with torch.no_grad():
         td_target = rewards + gamma * target_network(next_obs).max(dim=1).values * (1 - dones)
     params = {name: p.detach() for name, p in q_network.named_parameters()}
-    grads, stats = torch.func.grad(td_loss, has_aux=True)(params, q_network, obs, actions, td_target)
-    plist = list(q_network.parameters())
-    adam_step(optimizer, plist, [grads[name] for name in params])
+
+    def td_loss(params):  # the loss, and [td_loss, mean Q] as torch.func.grad's aux
+        q = torch.func.functional_call(q_network, params, (obs,)).gather(1, actions.unsqueeze(1)).squeeze(1)
+        loss = F.mse_loss(td_target, q)
+        return loss, torch.stack([loss, q.mean()]).detach()
+
+    grads, stats = torch.func.grad(td_loss, has_aux=True)(params)
+    adam_step(optimizer, list(q_network.parameters()), [grads[name] for name in params])
     return stats
 
 
@@ -395,19 +394,12 @@ def main(args: Args):
     # the real game's score: info["reward"] (unclipped) summed until info["terminated"] (all lives lost) or the time
     # limit; the 5-tuple's `terminated` is per life under episodic_life, and its reward is clipped
     episodes = plumbing.Episodes(1)
+    # the run's parts, by the names the checkpoint holds them under (the buffer's part is saved its own way)
+    parts = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, rng=rng, episodes=episodes)
     global_step = 0
     if ckpt:
-        plumbing.resume(
-            ckpt,
-            args.seed,
-            restart=True,  # envpool cannot save its envs: they start new episodes
-            q_network=q_network,
-            target_network=target_network,
-            optimizer=optimizer,
-            rng=rng,
-            episodes=episodes,  # envpool cannot snapshot a game: the one in flight is lost
-            buffer=rb,
-        )
+        # envpool can neither save its envs nor snapshot a game: they start new episodes, the game in flight is lost
+        plumbing.resume(ckpt, args.seed, restart=True, **parts, buffer=rb)
         global_step = ckpt["global_step"]
         del ckpt  # its copy of the replay buffer, now in the run's own, is not held for the whole run
     obs, _ = env.reset()
@@ -487,15 +479,8 @@ def main(args: Args):
             if run.stopping:
                 break
     env.close()
-    run.save(
-        q_network=q_network,
-        target_network=target_network,
-        optimizer=optimizer,
-        global_step=global_step,
-        rng=rng,
-        episodes=episodes,
-        buffer=lambda: rb.state(obs[0, -1]),  # built only if the checkpoint is written: a copy of the whole buffer
-    )
+    # the buffer's state is built only if the checkpoint is written: a copy of the whole buffer
+    run.save(**parts, global_step=global_step, buffer=lambda: rb.state(obs[0, -1]))
     run.finish(
         global_step,
         episodes.mean(),

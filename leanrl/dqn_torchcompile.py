@@ -162,12 +162,6 @@ def numpy_act(q_network):
     return lambda obs: int((w3 @ np.maximum(w2 @ np.maximum(w1 @ obs + b1, 0) + b2, 0) + b3).argmax())
 
 
-def td_loss(params, q_network, obs, actions, td_target):
-    q = torch.func.functional_call(q_network, params, (obs,)).gather(1, actions.unsqueeze(1)).squeeze(1)
-    loss = F.mse_loss(td_target, q)
-    return loss, torch.stack([loss, q.mean()]).detach()
-
-
 def update(q_network, target_network, optimizer, gamma: float, fields: dict, inds):
     """A TD step on the transitions at `inds`, returns [td_loss, mean Q]. Gradients from torch.func.grad, the step from
     torch.optim's functional Adam: compiled, one graph (loss.backward() and optimizer.step() would each break it)."""
@@ -175,9 +169,14 @@ def update(q_network, target_network, optimizer, gamma: float, fields: dict, ind
     with torch.no_grad():
         td_target = rewards + gamma * target_network(next_obs).max(dim=1).values * (1 - dones)
     params = {name: p.detach() for name, p in q_network.named_parameters()}
-    grads, stats = torch.func.grad(td_loss, has_aux=True)(params, q_network, obs, actions, td_target)
-    plist = list(q_network.parameters())
-    adam_step(optimizer, plist, [grads[name] for name in params])
+
+    def td_loss(params):  # the loss, and [td_loss, mean Q] as torch.func.grad's aux
+        q = torch.func.functional_call(q_network, params, (obs,)).gather(1, actions.unsqueeze(1)).squeeze(1)
+        loss = F.mse_loss(td_target, q)
+        return loss, torch.stack([loss, q.mean()]).detach()
+
+    grads, stats = torch.func.grad(td_loss, has_aux=True)(params)
+    adam_step(optimizer, list(q_network.parameters()), [grads[name] for name in params])
     return stats
 
 
@@ -320,7 +319,7 @@ def main(args: Args):
     optimizer = make_optimizer(q_network, lr, capturable=device.type == "cuda")
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
-    policy = numpy_act(q_network) if args.numpy_act else functools.partial(act, q_network)
+    policy = functools.partial(act, q_network)
     td_update = functools.partial(update, q_network, target_network, optimizer, args.gamma, rb.fields)
     target_update = functools.partial(
         update_target, list(q_network.parameters()), list(target_network.parameters()), args.tau
@@ -330,38 +329,31 @@ def main(args: Args):
         # cold start's fixed cost on a CPU (doc/compile.md); CUDA kernels do not use it
         torch._inductor.config.cpp.vec_isa_ok = True
         # a CPU call costs its overhead, not its arithmetic: C++ wrapper code instead of Python; on CUDA no options
-        options = dict(cpp_wrapper=True) if device.type == "cpu" else None
+        td_update = torch.compile(td_update, options=dict(cpp_wrapper=True) if device.type == "cpu" else None)
+        # on a CPU `act` stays eager: at one obs compiled it was slower, cpp_wrapper or not (doc/offpolicy.md); so does
+        # the target copy, run once every --target-network-frequency steps: compiling it adds seconds to a cold start
+        # and saves nothing a run shows (doc/compile.md)
         if device.type == "cuda":
-            # on a CPU `act` stays eager: at one obs compiled it was slower, cpp_wrapper or not (doc/offpolicy.md)
-            policy = torch.compile(policy, options=options)
-        td_update = torch.compile(td_update, options=options)
-        # the target copy runs once every --target-network-frequency steps: on a CPU compiling it adds seconds to a
-        # cold start and saves nothing a run shows (doc/compile.md)
-        if device.type == "cuda":
-            target_update = torch.compile(target_update, options=options)
+            policy = torch.compile(policy)
+            target_update = torch.compile(target_update)
     if args.cudagraphs:
         policy = CudaGraphModule(policy)
         td_update = CudaGraphModule(td_update)
         target_update = CudaGraphModule(target_update)
+    # the acting choice, one callable (a numpy obs in, an int action out): numpy_act on a CPU, else the unit above
+    greedy = numpy_act(q_network) if args.numpy_act else lambda obs: policy(torch.from_numpy(obs).to(device)).item()
 
     episodes = plumbing.Episodes(1)
+    # the run's parts, by the names the checkpoint holds them under
+    parts = dict(
+        q_network=q_network, target_network=target_network, optimizer=optimizer, buffer=rb, rng=rng, episodes=episodes
+    )
     global_step = ckpt["global_step"] if ckpt else 0
     obs, _ = env.reset(seed=args.seed + global_step)
     if ckpt:
         # the envs go on where the checkpoint left them; where it could not hold them (Box2D), new episodes
         restart = not plumbing.env_saved(ckpt)
-        plumbing.resume(
-            ckpt,
-            args.seed,
-            restart=restart,
-            q_network=q_network,
-            target_network=target_network,
-            optimizer=optimizer,
-            buffer=rb,
-            rng=rng,
-            episodes=episodes,
-            **({} if restart else dict(env=env, obs=obs)),
-        )
+        plumbing.resume(ckpt, args.seed, restart=restart, **parts, **({} if restart else dict(env=env, obs=obs)))
         del ckpt  # its copy of the replay buffer, now in the run's own, is not held for the whole run
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
@@ -384,7 +376,7 @@ def main(args: Args):
             action = choices[k]
             k += 1
             if action < 0:
-                action = policy(obs) if args.numpy_act else policy(torch.from_numpy(obs).to(device)).item()
+                action = greedy(obs)
                 if "act" not in clock:
                     clock["act"] = time.perf_counter() - t0
             t1 = time.perf_counter()
@@ -442,17 +434,7 @@ def main(args: Args):
             if run.stopping:
                 break
     env.close()
-    run.save(
-        q_network=q_network,
-        target_network=target_network,
-        optimizer=optimizer,
-        buffer=rb,
-        global_step=global_step,
-        rng=rng,
-        episodes=episodes,
-        env=env,
-        obs=obs,
-    )
+    run.save(**parts, global_step=global_step, env=env, obs=obs)
     run.finish(
         global_step,
         episodes.mean(),
