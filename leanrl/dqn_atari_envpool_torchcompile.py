@@ -360,7 +360,8 @@ def main(args: Args):
     device = plumbing.pick_device(args)
     rng = torch.Generator(device).manual_seed(args.seed)  # the loop's own: torch.compile restores the global one
 
-    env = make_env(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
+    global_step = ckpt["global_step"] if ckpt else 0
+    env = make_env(args, seed=args.seed + global_step)
     n_actions = env.action_space.n
     q_network = QNetwork(n_actions).to(device)
     target_network = QNetwork(n_actions).to(device).requires_grad_(False)
@@ -396,11 +397,9 @@ def main(args: Args):
     episodes = plumbing.Episodes(1)
     # the run's parts, by the names the checkpoint holds them under (the buffer's part is saved its own way)
     parts = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, rng=rng, episodes=episodes)
-    global_step = 0
     if ckpt:
         # envpool can neither save its envs nor snapshot a game: they start new episodes, the game in flight is lost
         plumbing.resume(ckpt, args.seed, restart=True, **parts, buffer=rb)
-        global_step = ckpt["global_step"]
         del ckpt  # its copy of the replay buffer, now in the run's own, is not held for the whole run
     obs, _ = env.reset()
 

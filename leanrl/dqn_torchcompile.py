@@ -304,7 +304,6 @@ def main(args: Args):
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.num_threads)
     device = plumbing.pick_device(args)
-    args.numpy_act = args.numpy_act and device.type == "cpu"
     # the loop's random numbers come from its own generator: torch.compile restores the global one after compiling
     rng = torch.Generator(device).manual_seed(args.seed)
 
@@ -341,6 +340,7 @@ def main(args: Args):
         td_update = CudaGraphModule(td_update)
         target_update = CudaGraphModule(target_update)
     # the acting choice, one callable (a numpy obs in, an int action out): numpy_act on a CPU, else the unit above
+    args.numpy_act = args.numpy_act and device.type == "cpu"
     greedy = numpy_act(q_network) if args.numpy_act else lambda obs: policy(torch.from_numpy(obs).to(device)).item()
 
     episodes = plumbing.Episodes(1)
