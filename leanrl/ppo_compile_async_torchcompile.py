@@ -8,8 +8,8 @@ The algorithm, network and defaults of ppo.py (CleanRL's). Its tricks, each in t
 - `main`, the acting choice just before the compile block: where the rollout acts, chosen once. A CPU learner acts
   with its own actor and a CUDA learner with a host copy of it (--host-actor, `host_copy`, and `refresh` in the loop: a
   4-row step of a 64-unit MLP costs less on the CPU than GPU launches), through numpy views of the weights
-  (--numpy-act, `numpy_policy`) or eagerly (`torch_step`); a CUDA learner with --no-host-actor acts with the policy
-  unit, the one case where the block compiles and graphs it.
+  (--numpy-act, `numpy_policy`) or eagerly (`torch_step`): the rollout's `step`, bound once after the block. A CUDA
+  learner with --no-host-actor acts with the policy unit, the one case where the block compiles and graphs it.
 - `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
 - `update`, `adam_step`: torch.func.grad and torch.optim's functional Adam, so that compiled, forward, backward,
   clipping and the Adam step are one graph (loss.backward() and optimizer.step() would each break it).
@@ -193,28 +193,28 @@ def make_envs(args: Args, video_dir: str):
     )
 
 
-def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
 class Agent(nn.Module):
+    @staticmethod
+    def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+        torch.nn.init.orthogonal_(layer.weight, std)
+        torch.nn.init.constant_(layer.bias, bias_const)
+        return layer
+
     def __init__(self, n_obs: int, n_actions: int):
         super().__init__()
         self.critic = nn.Sequential(
-            layer_init(nn.Linear(n_obs, 64)),
+            self.layer_init(nn.Linear(n_obs, 64)),
             nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
+            self.layer_init(nn.Linear(64, 64)),
             nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0),
+            self.layer_init(nn.Linear(64, 1), std=1.0),
         )
         self.actor = nn.Sequential(
-            layer_init(nn.Linear(n_obs, 64)),
+            self.layer_init(nn.Linear(n_obs, 64)),
             nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
+            self.layer_init(nn.Linear(64, 64)),
             nn.Tanh(),
-            layer_init(nn.Linear(64, n_actions), std=0.01),
+            self.layer_init(nn.Linear(64, n_actions), std=0.01),
         )
 
     def get_value(self, x):
@@ -268,8 +268,8 @@ def torch_step(policy, device, obs: np.ndarray, gumbel) -> np.ndarray:
     return policy(torch.from_numpy(obs).to(device, non_blocking=True), gumbel).cpu().numpy()
 
 
-def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf, n_actions: int, rng):
-    """num_steps steps of every env into `buf`, acting with `policy` (main's acting choice: numpy observations and the
+def rollout(envs, step, act_device, numpy_act: bool, next_obs, next_done, buf, n_actions: int, rng):
+    """num_steps steps of every env into `buf`, acting with `step` (main's acting choice: numpy observations and the
     step's row of the noise in, numpy actions out) on `act_device`, a numpy step with `numpy_act`; returns the last
     obs/done, the rewards and the dones after each step (numpy, for the loop's episode statistics) and the time split.
     The env's outputs and the actions are staged in numpy and reach `buf` in one copy per iteration each."""
@@ -288,18 +288,18 @@ def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf,
     gumbel = gumbel.to(act_device)
     if numpy_act:
         gumbel = gumbel.numpy()
-    for step in range(num_steps):
-        obs[step] = next_obs
-        dones[step] = next_done
+    for t in range(num_steps):
+        obs[t] = next_obs
+        dones[t] = next_done
         t0 = time.perf_counter()
-        actions[step] = policy(next_obs, gumbel[step])
+        actions[t] = step(next_obs, gumbel[t])
         t1 = time.perf_counter()
-        next_obs, reward, terminations, truncations, _ = envs.step(actions[step])
+        next_obs, reward, terminations, truncations, _ = envs.step(actions[t])
         t_env += time.perf_counter() - t1
         t_policy += t1 - t0
         next_done = terminations | truncations
-        rewards[step] = reward
-        ended[step] = next_done
+        rewards[t] = reward
+        ended[t] = next_done
     for key, x in (("obs", obs), ("actions", actions), ("dones", dones), ("rewards", rewards)):
         buf[key].copy_(torch.from_numpy(x), non_blocking=True)
     return next_obs, next_done, rewards, ended, t_env, t_policy
@@ -518,20 +518,15 @@ def main(args: Args):
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
     optimizer = make_optimizer(agent, lr, capturable=device.type == "cuda")
 
-    # Where the rollout acts, chosen here and nowhere else. A CPU learner acts with its own actor, a CUDA learner with
-    # a host copy of it (--host-actor; the loop refreshes it: a 4-row step of a 64-unit MLP costs less on the CPU than
-    # GPU launches) or, with --no-host-actor, on the device: the only place where the policy unit is compiled and
-    # captured below. On the host the step runs through numpy views of the weights (--numpy-act: at 4 rows a torch
-    # forward is all per-op dispatch) or eagerly: compiled, a step is faster alone but slower in the rollout, where
-    # it and the env evict each other's caches (doc/classic_control.md).
-    host = device.type == "cuda" and args.host_actor
-    act_device = torch.device("cpu") if host else device
-    acting = host_copy(agent.actor, act_device) if host else agent_inference.actor
+    # The acting choice. A CUDA learner acts with a host copy of its actor (--host-actor, refreshed by the loop: a 4-row
+    # step of this MLP costs less on the CPU than GPU launches) or on the device, the one case the block compiles the
+    # policy unit; a CPU learner with its own actor. On the host a step reads numpy views of the weights (--numpy-act: a
+    # 4-row torch forward is all dispatch) or runs eagerly (compiled, it and the env evict each other's caches).
+    act_device = torch.device("cpu") if args.host_actor else device
+    acting = agent_inference.actor if act_device == device else host_copy(agent.actor, act_device)
     numpy_act = args.numpy_act and act_device.type == "cpu"
 
-    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs (CUDA only:
-    # plumbing.pick_device has turned it off, with one line, where no CUDA device is in use). The minibatch loop checks
-    # the update's guards once an iteration (set_stance).
+    # The units, compiled (--compile) and captured in CUDA graphs (--cudagraphs; CUDA only: pick_device drops it)
     policy = functools.partial(act, acting)
     evaluate = agent_inference.forward
     get_value = agent_inference.get_value
@@ -559,11 +554,8 @@ def main(args: Args):
         evaluate = CudaGraphModule(evaluate)
         get_value = CudaGraphModule(get_value)
         update_minibatch = CudaGraphModule(update_minibatch)
-    # the rollout's step, numpy observations in, numpy actions out
-    if numpy_act:
-        policy = numpy_policy(acting)
-    else:
-        policy = functools.partial(torch_step, policy, act_device)
+    # the rollout's step: numpy observations and the step's row of the noise in, numpy actions out
+    step = numpy_policy(acting) if numpy_act else functools.partial(torch_step, policy, act_device)
     if args.compile_cache_only:  # see fill_compile_cache
         warm_up(compile_units(agent, args, device), args, device, n_obs, n_actions)
         envs.close()
@@ -580,25 +572,16 @@ def main(args: Args):
     )
     stats = torch.zeros(args.update_epochs * args.num_minibatches, 6, device=device)
     episodes = plumbing.Episodes(args.num_envs)
-    global_step = 0
-    start_iteration = 1
+    parts = dict(agent=agent, optimizer=optimizer, rng=rng, episodes=episodes)  # what a checkpoint holds, envs aside
     next_obs, _ = envs.reset(seed=args.seed)
     next_done = np.zeros(args.num_envs, dtype=bool)
     if ckpt:
         # the envs go on where the checkpoint left them; where it could not hold them (Box2D), new episodes
         restart = not plumbing.env_saved(ckpt)
-        plumbing.resume(
-            ckpt,
-            args.seed,
-            restart=restart,
-            agent=agent,
-            optimizer=optimizer,
-            rng=rng,
-            episodes=episodes,
-            **({} if restart else dict(env=envs, next_obs=next_obs, next_done=next_done)),
-        )
-        global_step = ckpt["global_step"]
-        start_iteration = ckpt["iteration"] + 1
+        env_parts = {} if restart else dict(env=envs, next_obs=next_obs, next_done=next_done)
+        plumbing.resume(ckpt, args.seed, restart=restart, **parts, **env_parts)
+    global_step = ckpt["global_step"] if ckpt else 0
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
 
     # with --compile-async the loop starts eager while the units compile beside it: nothing to wait for
     compiling = args.compile and not args.compile_async
@@ -618,9 +601,10 @@ def main(args: Args):
                 agent = units["agent"]
                 optimizer = units["optimizer"]
                 lr = units["lr"]
+                parts.update(agent=agent, optimizer=optimizer)  # what the checkpoint holds from now on
                 # the twin acts as main's learner did: with its own actor, with the host copy (refreshed from the
                 # twin's actor from now on), or with its compiled policy
-                if not host:
+                if act_device == device:
                     acting = units["agent_inference"].actor
                 policy = units["policy"] if act_device.type == "cuda" else functools.partial(act, acting)
                 evaluate = units["evaluate"]
@@ -632,20 +616,17 @@ def main(args: Args):
                     evaluate = CudaGraphModule(evaluate)
                     get_value = CudaGraphModule(get_value)
                     update_minibatch = CudaGraphModule(update_minibatch)
-                if numpy_act:
-                    policy = numpy_policy(acting)
-                else:
-                    policy = functools.partial(torch_step, policy, act_device)
+                step = numpy_policy(acting) if numpy_act else functools.partial(torch_step, policy, act_device)
                 pending = None
                 compiled_from = iteration
                 swap_iteration = iteration
                 run.say(f"compiled units swapped in at iteration {iteration} (compiled in {compile_time:.1f}s)")
             if args.anneal_lr:
                 lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
-            if host:
-                refresh(acting, agent.actor)  # the last updates' (or the resumed checkpoint's) parameters
+            if act_device != device:  # a host copy: the last updates' (or the resumed checkpoint's) parameters
+                refresh(acting, agent.actor)
             next_obs, next_done, rewards, ended, t_env, t_policy = rollout(
-                envs, policy, act_device, numpy_act, next_obs, next_done, buf, n_actions, rng
+                envs, step, act_device, numpy_act, next_obs, next_done, buf, n_actions, rng
             )
             episodes.record_steps(rewards, ended)
             global_step += args.batch_size
@@ -702,17 +683,7 @@ def main(args: Args):
             if run.stopping:
                 break
     envs.close()
-    run.save(
-        iteration=iteration,
-        global_step=global_step,
-        agent=agent,
-        optimizer=optimizer,
-        rng=rng,
-        env=envs,
-        next_obs=next_obs,
-        next_done=next_done,
-        episodes=episodes,
-    )
+    run.save(iteration=iteration, global_step=global_step, **parts, env=envs, next_obs=next_obs, next_done=next_done)
     if not args.compile_async:
         compile_time = run.compile_time() if args.compile else None
     try:

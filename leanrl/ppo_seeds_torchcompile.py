@@ -19,8 +19,8 @@ The algorithm, network and defaults of ppo.py (CleanRL's). The base's tricks, ea
 - `main`, the acting choice just before the compile block: where the rollout acts, chosen once. A CPU learner acts
   with its own actor and a CUDA learner with a host copy of it (--host-actor, `host_copy`, and `refresh` in the loop: a
   4-row step of a 64-unit MLP costs less on the CPU than GPU launches), through numpy views of the weights
-  (--numpy-act, `numpy_policy`) or eagerly (`torch_step`); a CUDA learner with --no-host-actor acts with the policy
-  unit, the one case where the block compiles and graphs it.
+  (--numpy-act, `numpy_policy`) or eagerly (`torch_step`): the rollout's `step`, bound once after the block. A CUDA
+  learner with --no-host-actor acts with the policy unit, the one case where the block compiles and graphs it.
 - `rollout`: the env's outputs and the actions are staged in numpy and reach the buffers in one copy per iteration.
 - `update`, `member_adam_step`: torch.func.grad and Adam's step written out with one lr per member, so that
   compiled, forward, backward, clipping and the Adam step are one graph (loss.backward() and optimizer.step() would
@@ -185,28 +185,28 @@ def make_envs(args: Args, video_dir: str):
     )
 
 
-def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
 class Agent(nn.Module):
+    @staticmethod
+    def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+        torch.nn.init.orthogonal_(layer.weight, std)
+        torch.nn.init.constant_(layer.bias, bias_const)
+        return layer
+
     def __init__(self, n_obs: int, n_actions: int):
         super().__init__()
         self.critic = nn.Sequential(
-            layer_init(nn.Linear(n_obs, 64)),
+            self.layer_init(nn.Linear(n_obs, 64)),
             nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
+            self.layer_init(nn.Linear(64, 64)),
             nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0),
+            self.layer_init(nn.Linear(64, 1), std=1.0),
         )
         self.actor = nn.Sequential(
-            layer_init(nn.Linear(n_obs, 64)),
+            self.layer_init(nn.Linear(n_obs, 64)),
             nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
+            self.layer_init(nn.Linear(64, 64)),
             nn.Tanh(),
-            layer_init(nn.Linear(64, n_actions), std=0.01),
+            self.layer_init(nn.Linear(64, n_actions), std=0.01),
         )
 
     def get_value(self, x):
@@ -292,8 +292,8 @@ def torch_step(policy, device, shape: tuple, obs: np.ndarray, gumbel) -> np.ndar
     return policy(torch.from_numpy(obs).to(device, non_blocking=True).view(shape), gumbel).cpu().numpy()
 
 
-def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf, n_actions: int, rngs: list):
-    """num_steps steps of every env into `buf` ((num_steps, num_seeds, num_envs, ...)), acting with `policy` (main's
+def rollout(envs, step, act_device, numpy_act: bool, next_obs, next_done, buf, n_actions: int, rngs: list):
+    """num_steps steps of every env into `buf` ((num_steps, num_seeds, num_envs, ...)), acting with `step` (main's
     acting choice: numpy observations and the step's row of the noise in, numpy actions out) on `act_device`, a numpy
     step with `numpy_act`; returns the last obs/done, the rewards and the dones after each step (numpy, for the loop's
     episode statistics) and the time split. The env's outputs and the actions
@@ -314,18 +314,18 @@ def rollout(envs, policy, act_device, numpy_act: bool, next_obs, next_done, buf,
     gumbel = gumbel.to(act_device)
     if numpy_act:
         gumbel = gumbel.numpy()
-    for step in range(num_steps):
-        obs[step] = next_obs
-        dones[step] = next_done
+    for t in range(num_steps):
+        obs[t] = next_obs
+        dones[t] = next_done
         t0 = time.perf_counter()
-        actions[step] = policy(next_obs, gumbel[step])
+        actions[t] = step(next_obs, gumbel[t])
         t1 = time.perf_counter()
-        next_obs, reward, terminations, truncations, _ = envs.step(actions[step])
+        next_obs, reward, terminations, truncations, _ = envs.step(actions[t])
         t_env += time.perf_counter() - t1
         t_policy += t1 - t0
         next_done = terminations | truncations
-        rewards[step] = reward
-        ended[step] = next_done
+        rewards[t] = reward
+        ended[t] = next_done
     for key, x in (("obs", obs), ("actions", actions), ("dones", dones), ("rewards", rewards)):
         buf[key].copy_(torch.from_numpy(x).view(buf[key].shape), non_blocking=True)
     return next_obs, next_done, rewards, ended, t_env, t_policy
@@ -459,20 +459,15 @@ def main(args: Args):
     coefs = torch.tensor(list(zip(clip_coefs, args.ent_coefs or (args.ent_coef,) * args.num_seeds)), device=device)
     optimizer = make_optimizer(list(params.values()), lr, capturable=device.type == "cuda")
 
-    # Where the rollout acts, chosen here and nowhere else. A CPU learner acts with its own actor, a CUDA learner with
-    # a host copy of it (--host-actor; the loop refreshes it: a 4-row step of a 64-unit MLP costs less on the CPU than
-    # GPU launches) or, with --no-host-actor, on the device: the only place where the policy unit is compiled and
-    # captured below. On the host the step runs through numpy views of the weights (--numpy-act: at 4 rows a torch
-    # forward is all per-op dispatch) or eagerly: compiled, a step is faster alone but slower in the rollout, where
-    # it and the env evict each other's caches (doc/classic_control.md).
-    host = device.type == "cuda" and args.host_actor
-    act_device = torch.device("cpu") if host else device
-    acting = host_copy(part(inference, "actor"), act_device) if host else part(inference, "actor")
+    # The acting choice. A CUDA learner acts with a host copy of its actor (--host-actor, refreshed by the loop: a 4-row
+    # step of this MLP costs less on the CPU than GPU launches) or on the device, the one case the block compiles the
+    # policy unit; a CPU learner with its own actor. On the host a step reads numpy views of the weights (--numpy-act: a
+    # 4-row torch forward is all dispatch) or runs eagerly (compiled, it and the env evict each other's caches).
+    act_device = torch.device("cpu") if args.host_actor else device
+    acting = part(inference, "actor") if act_device == device else host_copy(part(inference, "actor"), act_device)
     numpy_act = args.numpy_act and act_device.type == "cpu"
 
-    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs (CUDA only:
-    # plumbing.pick_device has turned it off, with one line, where no CUDA device is in use). The minibatch loop checks
-    # the update's guards once an iteration (set_stance).
+    # The units, compiled (--compile) and captured in CUDA graphs (--cudagraphs; CUDA only: pick_device drops it)
     policy = functools.partial(act, agent.actor, acting)
     evaluate = functools.partial(members_call, agent, inference, dim=1)  # the rollout: (num_steps, num_seeds, ...)
     get_value = functools.partial(members_call, agent.critic, part(inference, "critic"))
@@ -498,11 +493,9 @@ def main(args: Args):
         evaluate = CudaGraphModule(evaluate)
         get_value = CudaGraphModule(get_value)
         update_minibatch = CudaGraphModule(update_minibatch)
-    # the rollout's step, numpy observations in, numpy actions out
-    if numpy_act:
-        policy = numpy_policy(acting)
-    else:
-        policy = functools.partial(torch_step, policy, act_device, (args.num_seeds, args.num_envs, -1))
+    # the rollout's step: numpy observations and the step's row of the noise in, numpy actions out
+    torch_shape = (args.num_seeds, args.num_envs, -1)  # the members' observations, as the policy unit takes them
+    step = numpy_policy(acting) if numpy_act else functools.partial(torch_step, policy, act_device, torch_shape)
 
     shape = (args.num_steps, args.num_seeds, args.num_envs)
     buf = dict(
@@ -512,8 +505,6 @@ def main(args: Args):
     )
     stats = torch.zeros(args.update_epochs * args.num_minibatches, args.num_seeds, 6, device=device)
     episodes = plumbing.MemberEpisodes(args.num_seeds, args.num_envs)
-    global_step = 0
-    start_iteration = 1
     # member k's envs seeded as its own run seeds its envs (seed + k + i for its env i)
     next_obs, _ = envs.reset(seed=[seed + i for seed in seeds for i in range(args.num_envs)])
     next_done = np.zeros(args.num_seeds * args.num_envs, dtype=bool)
@@ -530,21 +521,20 @@ def main(args: Args):
             episodes=episodes,
             **({} if restart else dict(env=envs, next_obs=next_obs, next_done=next_done)),
         )
-        global_step = ckpt["global_step"]
-        start_iteration = ckpt["iteration"] + 1
+    global_step = ckpt["global_step"] if ckpt else 0
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
 
-    run = plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step)
     iteration = start_iteration - 1
-    with run:
+    with plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step) as run:
         for iteration in range(start_iteration, args.num_iterations + 1):
             t_iter = time.perf_counter()
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
                 lr.copy_(torch.tensor([frac * x for x in member_lrs]))
-            if host:
-                refresh(acting, part(inference, "actor"))  # the last updates' (or the resumed checkpoint's) parameters
+            if act_device != device:  # a host copy: the last updates' (or the resumed checkpoint's) parameters
+                refresh(acting, part(inference, "actor"))
             next_obs, next_done, rewards, ended, t_env, t_policy = rollout(
-                envs, policy, act_device, numpy_act, next_obs, next_done, buf, n_actions, rngs
+                envs, step, act_device, numpy_act, next_obs, next_done, buf, n_actions, rngs
             )
             episodes.record_steps(rewards, ended)
             global_step += args.batch_size
