@@ -417,24 +417,23 @@ def main(args: Args):
 
     episodes = plumbing.Episodes(1)
     rb = ReplayBuffer(args.buffer_size, n_obs, n_actions, device)
+    # what a checkpoint holds, by these names: --resume loads them in place, --save-model writes them
+    parts = dict(
+        actor=actor,
+        q_params=q_params,
+        q_target=q_target,
+        q_optimizer=q_optimizer,
+        actor_optimizer=actor_optimizer,
+        a_optimizer=a_optimizer,
+        log_alpha=log_alpha,
+        rng=rng,
+        np_rng=np_rng,
+        # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
+        episodes=episodes,
+        buffer=rb,
+    )
     if ckpt:
-        plumbing.resume(
-            ckpt,
-            args.seed,
-            restart=True,  # envpool cannot save its envs: they start new episodes
-            actor=actor,
-            q_params=q_params,
-            q_target=q_target,
-            q_optimizer=q_optimizer,
-            actor_optimizer=actor_optimizer,
-            a_optimizer=a_optimizer,
-            log_alpha=log_alpha,
-            rng=rng,
-            np_rng=np_rng,
-            # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
-            episodes=episodes,
-            buffer=rb,
-        )
+        plumbing.resume(ckpt, args.seed, restart=True, **parts)  # envpool cannot save its envs: new episodes
         del ckpt  # its copy of the replay buffer, now in the run's own, is not held for the whole run
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
@@ -516,20 +515,7 @@ def main(args: Args):
             if run.stopping:
                 break
     env.close()
-    run.save(
-        global_step=global_step,
-        actor=actor,
-        q_params=q_params,
-        q_target=q_target,
-        q_optimizer=q_optimizer,
-        actor_optimizer=actor_optimizer,
-        a_optimizer=a_optimizer,
-        log_alpha=log_alpha,
-        rng=rng,
-        np_rng=np_rng,
-        episodes=episodes,
-        buffer=rb,
-    )
+    run.save(global_step=global_step, **parts)
     run.finish(global_step, episodes.mean(), compile_time)
 
 

@@ -377,23 +377,22 @@ def main(args: Args):
 
     episodes = plumbing.Episodes(1)
     rb = ReplayBuffer(args.buffer_size, n_obs, n_actions, device)
+    # what a checkpoint holds, by these names: --resume loads them in place, --save-model writes them
+    parts = dict(
+        actor=actor,
+        target_actor=target_actor,
+        q_params=q_params,
+        q_target=q_target,
+        q_optimizer=q_optimizer,
+        actor_optimizer=actor_optimizer,
+        rng=rng,
+        np_rng=np_rng,
+        # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
+        episodes=episodes,
+        buffer=rb,
+    )
     if ckpt:
-        plumbing.resume(
-            ckpt,
-            args.seed,
-            restart=True,  # envpool cannot save its envs: they start new episodes
-            actor=actor,
-            target_actor=target_actor,
-            q_params=q_params,
-            q_target=q_target,
-            q_optimizer=q_optimizer,
-            actor_optimizer=actor_optimizer,
-            rng=rng,
-            np_rng=np_rng,
-            # the finished episodes' returns; the env starts a fresh episode, so the unfinished one's return is dropped
-            episodes=episodes,
-            buffer=rb,
-        )
+        plumbing.resume(ckpt, args.seed, restart=True, **parts)  # envpool cannot save its envs: new episodes
         del ckpt  # its copy of the replay buffer, now in the run's own, is not held for the whole run
 
     run = plumbing.Run(args, SCRIPT, device, args.total_timesteps, global_step)
@@ -470,19 +469,7 @@ def main(args: Args):
             if run.stopping:
                 break
     env.close()
-    run.save(
-        global_step=global_step,
-        actor=actor,
-        target_actor=target_actor,
-        q_params=q_params,
-        q_target=q_target,
-        q_optimizer=q_optimizer,
-        actor_optimizer=actor_optimizer,
-        rng=rng,
-        np_rng=np_rng,
-        episodes=episodes,
-        buffer=rb,
-    )
+    run.save(global_step=global_step, **parts)
     run.finish(global_step, episodes.mean(), compile_time)
 
 
