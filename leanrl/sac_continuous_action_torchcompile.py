@@ -243,10 +243,11 @@ def twin_q(qnet, q_params, obs, actions):
 
 
 def make_optimizer(params: list, lr, capturable: bool):
-    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `adam_step` steps it.
-    `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
-    host and CUDA graphs can replay it."""
-    optimizer = torch.optim.Adam(params, lr=lr, capturable=capturable)
+    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `adam_step` steps it. The lr
+    is a tensor on the parameters' device: compiled code reads it, CUDA graphs need it there. `capturable` where the
+    learner is on CUDA: the step counters live on the device, so a step reads nothing on the host and CUDA graphs can
+    replay it."""
+    optimizer = torch.optim.Adam(params, lr=torch.as_tensor(lr, device=params[0].device), capturable=capturable)
     for p in params:
         step = torch.zeros((), device=p.device if capturable else "cpu")
         optimizer.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
@@ -386,12 +387,9 @@ def main(args: Args):
     from_module(actor).data.to_module(actor_inference, preserve_module_state=False)
     # CleanRL starts autotuning at log_alpha = 0 (alpha 1); --alpha is the fixed alpha without --autotune
     log_alpha = torch.full((1,), 0.0 if args.autotune else math.log(args.alpha), device=device)
-    # the learning rates are tensors: compiled code reads them, CUDA graphs need them on the device
-    q_lr = torch.tensor(args.q_lr, device=device)
-    policy_lr = torch.tensor(args.policy_lr, device=device)
-    q_optimizer = make_optimizer(list(q_params.values()), q_lr, device.type == "cuda")
-    actor_optimizer = make_optimizer(list(actor.parameters()), policy_lr, device.type == "cuda")
-    a_optimizer = make_optimizer([log_alpha], q_lr, device.type == "cuda")
+    q_optimizer = make_optimizer(list(q_params.values()), args.q_lr, device.type == "cuda")
+    actor_optimizer = make_optimizer(list(actor.parameters()), args.policy_lr, device.type == "cuda")
+    a_optimizer = make_optimizer([log_alpha], args.q_lr, device.type == "cuda")
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
     policy = functools.partial(act, actor_inference)

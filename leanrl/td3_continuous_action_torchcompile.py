@@ -219,10 +219,11 @@ def twin_q(qnet, q_params, obs, actions):
 
 
 def make_optimizer(params: list, lr, capturable: bool):
-    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `adam_step` steps it.
-    `capturable` where the learner is on CUDA: the step counters live on the device, so a step reads nothing on the
-    host and CUDA graphs can replay it."""
-    optimizer = torch.optim.Adam(params, lr=lr, capturable=capturable)
+    """torch.optim.Adam owns the state (its state_dict is checkpointed), created here: `adam_step` steps it. The lr
+    is a tensor on the parameters' device: compiled code reads it, CUDA graphs need it there. `capturable` where the
+    learner is on CUDA: the step counters live on the device, so a step reads nothing on the host and CUDA graphs can
+    replay it."""
+    optimizer = torch.optim.Adam(params, lr=torch.as_tensor(lr, device=params[0].device), capturable=capturable)
     for p in params:
         step = torch.zeros((), device=p.device if capturable else "cpu")
         optimizer.state[p] = dict(step=step, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
@@ -349,9 +350,8 @@ def main(args: Args):
     for param, target_param in zip(actor.parameters(), target_actor.parameters()):  # the target starts as the actor
         target_param.data.copy_(param.data)
     target_actor.requires_grad_(False)
-    lr = torch.tensor(args.learning_rate, device=device)  # a tensor: compiled code reads it, CUDA graphs on the device
-    q_optimizer = make_optimizer(list(q_params.values()), lr, device.type == "cuda")
-    actor_optimizer = make_optimizer(list(actor.parameters()), lr, device.type == "cuda")
+    q_optimizer = make_optimizer(list(q_params.values()), args.learning_rate, device.type == "cuda")
+    actor_optimizer = make_optimizer(list(actor.parameters()), args.learning_rate, device.type == "cuda")
 
     # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs.
     policy = functools.partial(act, actor_inference, args.exploration_noise)
