@@ -399,31 +399,29 @@ def main(args: Args):
     first_update = None
     act_noise = None
     compile_time = 0.0 if args.compile else None  # the seconds of the steps that ran a unit for the first time
-    compiled = set()
+    pending = {"policy", "critic", "actor", "targets"}  # the units not called yet
     losses = torch.zeros(len(LOSSES), device=device)
-    t_env = 0.0
-    t_policy = 0.0
-    t_update = 0.0
     obs, _ = env.reset()
     with run:
         while global_step < args.total_timesteps:
-            if global_step % args.log_every == 0 or act_noise is None:  # the acting noise of a chunk, at once
+            if global_step % args.log_every == 0 or act_noise is None:  # a chunk begins: its acting noise at once
                 act_noise = torch.randn(args.log_every, 1, n_actions, device=device, generator=rng)
+                t_env = 0.0
+                t_policy = 0.0
+                t_update = 0.0
             t0 = time.perf_counter()
-            units = set()
+            n_pending = len(pending)
             if global_step < args.learning_starts:  # a fresh run explores uniformly first; a resumed one acts
                 actions = np_rng.uniform(low, high, size=(1, n_actions)).astype(np.float32)
             else:
                 obs_device = torch.from_numpy(obs).to(device, torch.float32)
                 actions = policy(obs_device, act_noise[global_step % args.log_every]).cpu().numpy()
-                units.add("policy")
+                pending.discard("policy")
             t1 = time.perf_counter()
             real_next_obs, rewards, terminations, truncations, _ = env.step(actions)
-            next_obs = real_next_obs  # the buffer gets the real last obs, the loop the next episode's first
             dones = terminations | truncations
             episodes.record_one(float(rewards[0]), bool(dones[0]))
-            if dones[0]:  # reset now: envpool would spend the next step on it
-                next_obs, _ = env.reset()
+            next_obs = env.reset()[0] if dones[0] else real_next_obs  # reset now: envpool would spend a step on it
             t2 = time.perf_counter()
             rb.add(np.concatenate([obs[0], real_next_obs[0], actions[0], rewards, terminations], dtype=np.float32))
             obs = next_obs
@@ -435,19 +433,16 @@ def main(args: Args):
                 first_update = first_update or global_step
                 data = rb.sample(args.batch_size, rng)
                 noise = torch.randn(args.batch_size, n_actions, device=device, generator=rng)
-                losses[:3] = critic_step(
-                    data["obs"], data["actions"], data["rewards"], data["next_obs"], data["terminations"], noise
-                )
+                losses[:3] = critic_step(**data, noise=noise)
                 if global_step % args.policy_frequency == 0:  # delayed: the actor and the targets move less often
                     losses[3:] = actor_step(data["obs"])
                     targets_step()
-                    units |= {"actor", "targets"}
-                units.add("critic")
+                    pending -= {"actor", "targets"}
+                pending.discard("critic")
                 t_update += time.perf_counter() - t2
-            if args.compile and not units <= compiled:  # a unit ran for the first time: it compiled in this step
+            if args.compile and len(pending) < n_pending:  # a unit ran for the first time: it compiled in this step
                 compile_time += time.perf_counter() - t0
-                compiled |= units
-                if len(compiled) == 4:
+                if not pending:
                     run.compiled()
 
             if global_step % args.log_every and global_step < args.total_timesteps:
@@ -463,9 +458,6 @@ def main(args: Args):
                 buffer=rb.filled,
                 **dict(zip(LOSSES, losses.tolist() if first_update else [None] * len(LOSSES))),  # one host sync
             )
-            t_env = 0.0
-            t_policy = 0.0
-            t_update = 0.0
             if run.stopping:
                 break
     env.close()
