@@ -365,11 +365,8 @@ def main(args: Args):
     device = plumbing.pick_device(args)
 
     global_step = ckpt["global_step"] if ckpt else 0
-    env = envpool.make(
-        args.env_id, env_type="gymnasium", num_envs=1, seed=plumbing.envpool_seed(args.seed + global_step)
-    )
-    # the loop's random numbers (the buffer's batches, the noise) come from its own generator: torch.compile restores
-    # torch's global generator after compiling a function, which would replay numbers the loop drew before the compile
+    env = envpool.make(args.env_id, env_type="gymnasium", seed=plumbing.envpool_seed(args.seed + global_step))
+    # the loop draws from its own generator: torch.compile's restore of the global one would replay its numbers
     rng = torch.Generator(device).manual_seed(args.seed)
     np_rng = np.random.default_rng(args.seed)  # the random actions before learning_starts
     n_obs = env.observation_space.shape[0]
@@ -378,8 +375,7 @@ def main(args: Args):
     high = env.action_space.high
     actor = Actor(n_obs, n_actions, low, high).to(device)
     qf1 = SoftQNetwork(n_obs, n_actions).to(device)
-    qf2 = SoftQNetwork(n_obs, n_actions).to(device)
-    q_params = stack_twins(qf1, qf2)
+    q_params = stack_twins(qf1, SoftQNetwork(n_obs, n_actions).to(device))
     q_target = {name: p.data.clone() for name, p in q_params.items()}
     qnet = qf1.to("meta")  # the architecture alone: twin_q calls it with the stacked parameters
     # the inference copy: the learner's storage as plain tensors without requires_grad
@@ -402,8 +398,7 @@ def main(args: Args):
         torch._inductor.config.cpp.vec_isa_ok = True
         critic_step = torch.compile(critic_step)
         actor_step = torch.compile(actor_step)
-        # acting on one observation and the targets' soft copy: on a CPU compiling them adds seconds to a cold
-        # start and buys no fps (doc/compile.md)
+        # acting on one obs and the soft target copy: on a CPU their compile costs seconds, buys no fps (doc/compile.md)
         if device.type == "cuda":
             policy = torch.compile(policy)
             targets_step = torch.compile(targets_step)

@@ -326,11 +326,8 @@ def main(args: Args):
     device = plumbing.pick_device(args)
 
     global_step = ckpt["global_step"] if ckpt else 0
-    env = envpool.make(
-        args.env_id, env_type="gymnasium", num_envs=1, seed=plumbing.envpool_seed(args.seed + global_step)
-    )
-    # the loop's random numbers (the buffer's batches, the noise) come from its own generator: torch.compile restores
-    # torch's global generator after compiling a function, which would replay numbers the loop drew before the compile
+    env = envpool.make(args.env_id, env_type="gymnasium", seed=plumbing.envpool_seed(args.seed + global_step))
+    # the loop draws from its own generator: torch.compile's restore of the global one would replay its numbers
     rng = torch.Generator(device).manual_seed(args.seed)
     np_rng = np.random.default_rng(args.seed)  # the random actions before learning_starts
     n_obs = env.observation_space.shape[0]
@@ -339,16 +336,14 @@ def main(args: Args):
     high = env.action_space.high
     actor = Actor(n_obs, n_actions, low, high).to(device)
     qf1 = QNetwork(n_obs, n_actions).to(device)
-    qf2 = QNetwork(n_obs, n_actions).to(device)
-    q_params = stack_twins(qf1, qf2)
+    q_params = stack_twins(qf1, QNetwork(n_obs, n_actions).to(device))
     q_target = {name: p.data.clone() for name, p in q_params.items()}
     qnet = qf1.to("meta")  # the architecture alone: twin_q calls it with the stacked parameters
     # the inference copy: the learner's storage as plain tensors without requires_grad
     actor_inference = Actor(n_obs, n_actions, low, high).to(device)
     target_actor = Actor(n_obs, n_actions, low, high).to(device)
     from_module(actor).data.to_module(actor_inference, preserve_module_state=False)
-    for param, target_param in zip(actor.parameters(), target_actor.parameters()):  # the target starts as the actor
-        target_param.data.copy_(param.data)
+    target_actor.load_state_dict(actor.state_dict())  # the target starts as the actor
     target_actor.requires_grad_(False)
     q_optimizer = make_optimizer(list(q_params.values()), args.learning_rate, device.type == "cuda")
     actor_optimizer = make_optimizer(list(actor.parameters()), args.learning_rate, device.type == "cuda")
@@ -364,8 +359,7 @@ def main(args: Args):
         torch._inductor.config.cpp.vec_isa_ok = True
         critic_step = torch.compile(critic_step)
         actor_step = torch.compile(actor_step)
-        # acting on one observation and the targets' soft copy: on a CPU compiling them adds seconds to a cold
-        # start and buys no fps (doc/compile.md)
+        # acting on one obs and the soft target copy: on a CPU their compile costs seconds, buys no fps (doc/compile.md)
         if device.type == "cuda":
             policy = torch.compile(policy)
             targets_step = torch.compile(targets_step)
