@@ -7,7 +7,7 @@ the tricks remove machinery. Each in the function that holds it (doc/continuous_
 
 - `act`, `Agent.rollout_noise`: a rollout step only samples, mean + std * noise drawn once per rollout; the
   log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
-- `main`, the acting choice just before the compile block: where the rollout acts, chosen once. A CPU learner acts
+- `main`, the acting choice (its steps after the block): where the rollout acts, chosen once. A CPU learner acts
   with its own actor_mean and a CUDA learner with a host copy of it (--host-actor, `host_copy`, and `refresh` in the
   loop: a one-row step of a 64-unit MLP costs less there than GPU launches), the normalizer on the host too, in numpy
   on views of the tensors (--numpy-act, `numpy_units`) or in torch (`torch_normalize`, `torch_step`); a CUDA learner
@@ -165,9 +165,9 @@ class Normalizer:
     """CleanRL's NormalizeObservation + clip and NormalizeReward + clip, as ppo_continuous_action.py's (gymnasium's
     semantics: an episode's last obs enters the statistics, the discounted return restarts only at a termination) for
     all envs at once (one set of statistics fed every env's values each step, where CleanRL's wrappers keep one per
-    env: the same at its default of one env). The statistics (mean, population
-    variance, count; from gymnasium's 0, 1, 1e-4) are float64 tensors where the rollout acts, updated in place so
-    compiled code and CUDA graphs keep reading the same storage; the discounted returns accumulate on the host."""
+    env: the same at its default of one env). The statistics (mean, population variance, count; from gymnasium's 0, 1,
+    1e-4) are float64 tensors where the rollout acts, updated in place so compiled code and CUDA graphs keep reading
+    the same storage; the discounted returns accumulate on the host."""
 
     def __init__(self, num_envs: int, obs_dim: int, gamma: float, device, clip: float = 10.0, eps: float = 1e-8):
         f64 = dict(dtype=torch.float64, device=device)
@@ -219,14 +219,6 @@ class Normalizer:
         s.count.copy_(counts[-1])
         return (rewards / (var + self.eps).sqrt().unsqueeze(1)).clamp(-self.clip, self.clip).float()
 
-    def to(self, device):
-        """The statistics moved to `device`, where the rollout acts: new tensors, so before a unit or a numpy view
-        (`numpy_units`) reads them; returns the normalizer."""
-        for stats in (self.obs_rms, self.ret_rms):
-            for k, v in vars(stats).items():
-                setattr(stats, k, v.to(device))
-        return self
-
     def state_dict(self):
         return {name: {k: v.cpu() for k, v in vars(getattr(self, name)).items()} for name in ("obs_rms", "ret_rms")}
 
@@ -236,15 +228,15 @@ class Normalizer:
                 v.copy_(state[name][k])
 
 
-def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
 class Agent(nn.Module):
     def __init__(self, n_obs: int, n_actions: int):
         super().__init__()
+
+        def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+            torch.nn.init.orthogonal_(layer.weight, std)
+            torch.nn.init.constant_(layer.bias, bias_const)
+            return layer
+
         self.critic = nn.Sequential(
             layer_init(nn.Linear(n_obs, 64)),
             nn.Tanh(),
@@ -298,9 +290,8 @@ def numpy_units(actor_mean: nn.Sequential, normalizer: Normalizer):
         var[:] = (var * count + obs.var(0) * n + delta**2 * count * n / total) / total
         mean[:] = mean + delta * n / total
         count[:] = total
-        return np.clip((obs - mean) / np.sqrt(var + normalizer.eps), -normalizer.clip, normalizer.clip).astype(
-            np.float32
-        )
+        x = (obs - mean) / np.sqrt(var + normalizer.eps)
+        return np.clip(x, -normalizer.clip, normalizer.clip).astype(np.float32)
 
     def policy(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
         x = obs
@@ -477,6 +468,8 @@ def main(args: Args):
     ckpt = check_args(args)
     args.batch_size = args.num_envs * args.num_steps
     args.num_iterations = args.total_timesteps // args.batch_size
+    global_step = ckpt["global_step"] if ckpt else 0
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -485,10 +478,7 @@ def main(args: Args):
 
     # envpool cannot snapshot its simulators: a resumed run starts new episodes, from a seed of its own
     envs = envpool.make(
-        args.env_id,
-        env_type="gymnasium",
-        num_envs=args.num_envs,
-        seed=plumbing.envpool_seed(args.seed + (ckpt["global_step"] if ckpt else 0)),
+        args.env_id, env_type="gymnasium", num_envs=args.num_envs, seed=plumbing.envpool_seed(args.seed + global_step)
     )
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
     # global generator after compiling a function, which would replay numbers the loop drew before the compile
@@ -504,22 +494,18 @@ def main(args: Args):
     lr = torch.tensor(args.learning_rate, device=device)  # changed in place: compiled code is not re-traced
     optimizer = make_optimizer(agent, lr, capturable=device.type == "cuda")
 
-    # Where the rollout acts, chosen here and nowhere else, the normalizer's statistics with it. A CPU learner acts
-    # with its own actor_mean, a CUDA learner with a host copy of it (--host-actor; the loop refreshes it: a one-row
-    # step of a 64-unit MLP costs less there than GPU launches) or, with --no-host-actor, on the device: the only place
-    # where the policy unit is compiled and, with the normalizer, captured below. On the host the rollout normalizes
-    # and acts in numpy, on views of the statistics and weights (--numpy-act: at one row a torch call is all per-op
-    # dispatch), or in torch: the normalizer compiled with --compile (one fused step instead of several ops), the
-    # policy eager (compiled it is slower; doc/continuous_control.md).
+    # Where the rollout acts, chosen here once, the normalizer's statistics with it: a CPU learner's own actor_mean, a
+    # CUDA learner's host copy (--host-actor: a one-row step of a 64-unit MLP costs less there than GPU launches) or the
+    # device; on the host in numpy, on views of the statistics and weights (--numpy-act: at one row a torch call is all
+    # per-op dispatch), or in torch.
     host = device.type == "cuda" and args.host_actor
     act_device = torch.device("cpu") if host else device
     acting = host_copy(agent.actor_mean, act_device) if host else agent_inference.actor_mean
     normalizer = Normalizer(args.num_envs, n_obs, args.gamma, act_device)
     numpy_act = args.numpy_act and act_device.type == "cpu"
 
-    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs (CUDA only:
-    # plumbing.pick_device has turned it off, with one line, where no CUDA device is in use). The minibatch loop checks
-    # the update's guards once an iteration (set_stance).
+    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs (CUDA only: off,
+    # with one line, elsewhere); the minibatch loop checks the update's guards once an iteration (set_stance).
     normalize = normalizer.obs
     policy = functools.partial(act, acting)
     evaluate = agent_inference.forward
@@ -530,9 +516,9 @@ def main(args: Args):
         # cold start's fixed cost on a CPU (doc/compile.md); CUDA kernels do not use it
         torch._inductor.config.cpp.vec_isa_ok = True
         # default options: on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
-        if not numpy_act:  # in torch, on the host too
+        if not numpy_act:  # in torch, on the host too: one fused step instead of several ops
             normalize = torch.compile(normalize)
-        if act_device.type == "cuda":
+        if act_device.type == "cuda":  # on the host it stays eager: compiled it is slower (doc/continuous_control.md)
             policy = torch.compile(policy)
         # evaluate and get_value run once an iteration: on a CPU compiling them adds seconds to a cold start and buys
         # no fps (doc/compile.md); on CUDA each is one graph instead of dozens of kernel launches
@@ -547,77 +533,54 @@ def main(args: Args):
         evaluate = CudaGraphModule(evaluate)
         get_value = CudaGraphModule(get_value)
         update_minibatch = CudaGraphModule(update_minibatch)
-    # the rollout's steps: the env's numpy obs in, the obs the policy reads out; that obs and the noise in, numpy
-    # actions out
+    # the rollout's steps, as it acts: the env's numpy obs in, normalized obs out; those and the noise in, numpy actions
     if numpy_act:
-        normalize, policy = numpy_units(acting, normalizer)
+        normalize_step, policy_step = numpy_units(acting, normalizer)
     else:
-        normalize = functools.partial(torch_normalize, normalize, act_device)
-        policy = functools.partial(torch_step, policy)
+        normalize_step = functools.partial(torch_normalize, normalize, act_device)
+        policy_step = functools.partial(torch_step, policy)
 
-    shape = (args.num_steps, args.num_envs)
-    buf = dict(
-        obs=torch.zeros(shape + (n_obs,), device=device),
-        actions=torch.zeros(shape + (n_actions,), device=device),
-        **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")},
-    )
+    buf = {
+        k: torch.zeros((args.num_steps, args.num_envs) + dims, device=device)
+        for k, dims in (("obs", (n_obs,)), ("actions", (n_actions,)), ("rewards", ()), ("dones", ()))
+    }
     stats = torch.zeros(args.update_epochs * args.num_minibatches, 6, device=device)
     episodes = plumbing.Episodes(args.num_envs)
-    global_step = 0
-    start_iteration = 1
+    parts = dict(agent=agent, optimizer=optimizer, normalizer=normalizer, rng=rng, episodes=episodes)
     if ckpt:
-        plumbing.resume(
-            ckpt,
-            args.seed,
-            restart=True,  # envpool cannot save its envs: they start new episodes
-            agent=agent,
-            optimizer=optimizer,
-            normalizer=normalizer,
-            rng=rng,
-            episodes=episodes,  # the envs start new episodes
-        )
-        global_step = ckpt["global_step"]
-        start_iteration = ckpt["iteration"] + 1
+        plumbing.resume(ckpt, args.seed, restart=True, **parts)  # envpool cannot save its envs: new episodes
 
     run = plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step)
     iteration = start_iteration - 1
     with run:
-        next_obs = normalize(envs.reset()[0])  # a compiled normalizer compiles here
+        next_obs = normalize_step(envs.reset()[0])  # a compiled normalizer compiles here
         next_done = np.zeros(args.num_envs, dtype=bool)
         for iteration in range(start_iteration, args.num_iterations + 1):
-            t_iter = time.perf_counter()
+            t0 = time.perf_counter()
             if args.anneal_lr:
                 lr.fill_((1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate)
             if host:
                 refresh(acting, agent.actor_mean)  # the last updates' (or the resumed checkpoint's) parameters
             noise = agent_inference.rollout_noise(buf["actions"].shape, rng).to(act_device)  # one draw, one transfer
             next_obs, next_done, rewards, ended, t_env, t_policy = rollout(
-                envs, policy, normalize, numpy_act, normalizer, next_obs, next_done, buf, noise, action_bounds
+                envs, policy_step, normalize_step, numpy_act, normalizer, next_obs, next_done, buf, noise, action_bounds
             )
             episodes.record_steps(rewards, ended)
             global_step += args.batch_size
-            t_rollout = time.perf_counter() - t_iter
 
-            t0 = time.perf_counter()
+            t1 = time.perf_counter()
             last_obs = torch.as_tensor(next_obs, device=device)  # as the rollout's obs reach the buffer
             last_done = torch.from_numpy(next_done).to(device).float()
-            logprobs, _, values = evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
-            buf["logprobs"].copy_(logprobs)
-            buf["values"].copy_(values)
-            advantages, returns = gae(
+            buf["logprobs"], _, buf["values"] = evaluate(buf["obs"], buf["actions"])  # in one batched call
+            buf["advantages"], buf["returns"] = gae(
                 get_value(last_obs), last_done, buf["rewards"], buf["dones"], buf["values"], args.gamma, args.gae_lambda
             )
-            t_gae = time.perf_counter() - t0
 
-            t0 = time.perf_counter()
-            batch = [
-                x.flatten(0, 1)
-                for x in (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])
-            ]
+            t2 = time.perf_counter()
+            batch = [buf[k].flatten(0, 1) for k in ("obs", "actions", "logprobs", "advantages", "returns", "values")]
             n = 0
             for _epoch in range(args.update_epochs):
-                perm = torch.randperm(args.batch_size, device=device, generator=rng).view(args.num_minibatches, -1)
-                for inds in perm:
+                for inds in torch.randperm(args.batch_size, device=device, generator=rng).chunk(args.num_minibatches):
                     # the iteration's first update checks the compiled code's guards, and so sees every number the loop
                     # changed (a float lr, a schedule); the rest skip them (doc/compile.md: what it saves)
                     with torch.compiler.set_stance(skip_guard_eval_unsafe=n > 0):
@@ -625,7 +588,7 @@ def main(args: Args):
                     n += 1
                 if args.target_kl is not None and stats[n - 1, 0] > args.target_kl:  # a host sync, only when asked
                     break
-            t_update = time.perf_counter() - t0
+            t3 = time.perf_counter()
 
             losses = stats[:n].mean(0).tolist()  # the one host sync of the iteration
             run.log(
@@ -633,11 +596,11 @@ def main(args: Args):
                 steady=iteration - start_iteration + 1 >= args.measure_burnin,
                 iteration=iteration,
                 episodic_return=episodes.mean(),
-                t_rollout=t_rollout,
+                t_rollout=t1 - t0,
                 t_env=t_env,
                 t_policy=t_policy,
-                t_gae=t_gae,
-                t_update=t_update,
+                t_gae=t2 - t1,
+                t_update=t3 - t2,
                 lr=lr.item(),
                 **dict(zip(("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm"), losses)),
             )
@@ -646,15 +609,7 @@ def main(args: Args):
             if run.stopping:
                 break
     envs.close()
-    run.save(
-        agent=agent,
-        optimizer=optimizer,
-        normalizer=normalizer,
-        iteration=iteration,
-        global_step=global_step,
-        rng=rng,
-        episodes=episodes,
-    )
+    run.save(iteration=iteration, global_step=global_step, **parts)
     run.finish(global_step, episodes.mean(), run.compile_time() if args.compile else None)
 
 
