@@ -20,7 +20,7 @@ the base's tricks remove machinery. Each in the function that holds it (doc/cont
 
 - `act`, `Agent.rollout_noise`: a rollout step only samples, mean + std * noise drawn once per rollout; the
   log-probabilities and values come from one batched forward per iteration (`Agent.forward`).
-- `main`, the acting choice just before the compile block: where the rollout acts, chosen once. A CPU learner acts
+- `main`, the acting choice (its steps after the block): where the rollout acts, chosen once. A CPU learner acts
   with its own actor_mean and a CUDA learner with a host copy of it (--host-actor, `host_copy`, and `refresh` in the
   loop: a one-row step of a 64-unit MLP costs less there than GPU launches), the normalizer on the host too, in numpy
   on views of the tensors (--numpy-act, `numpy_units`) or in torch (`torch_normalize`, `torch_step`); a CUDA learner
@@ -284,14 +284,6 @@ class Normalizer:
         s.count.copy_(counts[-1])
         return (rewards / (var + self.eps).sqrt().unsqueeze(2)).clamp(-self.clip, self.clip).float()
 
-    def to(self, device):
-        """The statistics moved to `device`, where the rollout acts: new tensors, so before a unit or a numpy view
-        (`numpy_units`) reads them; returns the normalizer."""
-        for stats in (self.obs_rms, self.ret_rms):
-            for k, v in vars(stats).items():
-                setattr(stats, k, v.to(device))
-        return self
-
     def state_dict(self):
         return {name: {k: v.cpu() for k, v in vars(getattr(self, name)).items()} for name in ("obs_rms", "ret_rms")}
 
@@ -301,15 +293,15 @@ class Normalizer:
                 v.copy_(state[name][k])
 
 
-def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
 class Agent(nn.Module):
     def __init__(self, n_obs: int, n_actions: int):
         super().__init__()
+
+        def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+            torch.nn.init.orthogonal_(layer.weight, std)
+            torch.nn.init.constant_(layer.bias, bias_const)
+            return layer
+
         self.critic = nn.Sequential(
             layer_init(nn.Linear(n_obs, 64)),
             nn.Tanh(),
@@ -383,10 +375,8 @@ def numpy_units(actor_mean: dict, normalizer: Normalizer):
     """`Normalizer.obs` and `act` on the CPU in numpy, from views of the normalizer's statistics (updated in place, as
     the torch unit does) and of the members' stacked actor_mean weights: they share the tensors' memory, so every
     update, refresh and resume is seen without a copy. Observations: every member's envs in a row."""
-    layers = [
-        (actor_mean[f"{name}.weight"].numpy(), actor_mean[f"{name}.bias"].numpy()[:, None])
-        for name in linear_names(actor_mean)
-    ]
+    linears = [name.removesuffix(".weight") for name in actor_mean if name.endswith(".weight")]  # in order
+    layers = [(actor_mean[f"{n}.weight"].numpy(), actor_mean[f"{n}.bias"].numpy()[:, None]) for n in linears]
     mean = normalizer.obs_rms.mean.numpy()
     var = normalizer.obs_rms.var.numpy()
     count = normalizer.obs_rms.count.numpy()
@@ -410,11 +400,6 @@ def numpy_units(actor_mean: dict, normalizer: Normalizer):
         return (x @ w.transpose(0, 2, 1) + b + noise).reshape(-1, w.shape[1])
 
     return normalize, policy
-
-
-def linear_names(params: dict) -> list:
-    """The Linear layers of an nn.Sequential's parameters, in order."""
-    return [name.removesuffix(".weight") for name in params if name.endswith(".weight")]
 
 
 def host_copy(params: dict, device: torch.device) -> dict:
@@ -592,6 +577,8 @@ def main(args: Args):
     ckpt = check_args(args)
     args.batch_size = args.num_envs * args.num_steps
     args.num_iterations = args.total_timesteps // args.batch_size
+    global_step = ckpt["global_step"] if ckpt else 0
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -599,7 +586,7 @@ def main(args: Args):
     device = plumbing.pick_device(args)
 
     # envpool cannot snapshot its simulators: a resumed run starts new episodes, from a seed of its own
-    pools = make_envs(args, args.seed + (ckpt["global_step"] if ckpt else 0))
+    pools = make_envs(args, args.seed + global_step)
     envs = pools[0]
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
     # global generator after compiling a function, which would replay numbers the loop drew before the compile
@@ -617,13 +604,10 @@ def main(args: Args):
     coefs = torch.tensor(list(zip(clip_coefs, args.ent_coefs or (args.ent_coef,) * args.num_seeds)), device=device)
     optimizer = make_optimizer(list(params.values()), lr, capturable=device.type == "cuda")
 
-    # Where the rollout acts, chosen here and nowhere else, the normalizer's statistics with it. A CPU learner acts
-    # with its own actor_mean, a CUDA learner with a host copy of it (--host-actor; the loop refreshes it: a one-row
-    # step of a 64-unit MLP costs less there than GPU launches) or, with --no-host-actor, on the device: the only place
-    # where the policy unit is compiled and, with the normalizer, captured below. On the host the rollout normalizes
-    # and acts in numpy, on views of the statistics and weights (--numpy-act: at one row a torch call is all per-op
-    # dispatch), or in torch: the normalizer compiled with --compile (one fused step instead of several ops), the
-    # policy eager (compiled it is slower; doc/continuous_control.md).
+    # Where the rollout acts, chosen here once, the normalizer's statistics with it: a CPU learner's own actor_mean, a
+    # CUDA learner's host copy (--host-actor: a one-row step of a 64-unit MLP costs less there than GPU launches) or the
+    # device; on the host in numpy, on views of the statistics and weights (--numpy-act: at one row a torch call is all
+    # per-op dispatch), or in torch.
     # Here every member's: its own actor_mean and statistics, stacked.
     host = device.type == "cuda" and args.host_actor
     act_device = torch.device("cpu") if host else device
@@ -631,9 +615,8 @@ def main(args: Args):
     normalizer = Normalizer(args.num_seeds, args.num_envs, n_obs, args.gamma, act_device)
     numpy_act = args.numpy_act and act_device.type == "cpu"
 
-    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs (CUDA only:
-    # plumbing.pick_device has turned it off, with one line, where no CUDA device is in use). The minibatch loop checks
-    # the update's guards once an iteration (set_stance).
+    # The units, then the trick: compiled with --compile, captured in CUDA graphs with --cudagraphs (CUDA only: off,
+    # with one line, elsewhere); the minibatch loop checks the update's guards once an iteration (set_stance).
     normalize = normalizer.obs
     policy = functools.partial(act, agent.actor_mean, acting)
     evaluate = functools.partial(members_call, agent, inference, dim=1)  # the rollout: (num_steps, num_seeds, ...)
@@ -644,9 +627,9 @@ def main(args: Args):
         # cold start's fixed cost on a CPU (doc/compile.md); CUDA kernels do not use it
         torch._inductor.config.cpp.vec_isa_ok = True
         # default options: on CUDA max_autotune would spend minutes autotuning Triton GEMMs for these tiny layers
-        if not numpy_act:  # in torch, on the host too
+        if not numpy_act:  # in torch, on the host too: one fused step instead of several ops
             normalize = torch.compile(normalize)
-        if act_device.type == "cuda":
+        if act_device.type == "cuda":  # on the host it stays eager: compiled it is slower (doc/continuous_control.md)
             policy = torch.compile(policy)
         # evaluate and get_value run once an iteration: on a CPU compiling them adds seconds to a cold start and buys
         # no fps (doc/compile.md); on CUDA each is one graph instead of dozens of kernel launches
@@ -661,45 +644,31 @@ def main(args: Args):
         evaluate = CudaGraphModule(evaluate)
         get_value = CudaGraphModule(get_value)
         update_minibatch = CudaGraphModule(update_minibatch)
-    # the rollout's steps: the env's numpy obs in, the obs the policy reads out; that obs and the noise in, numpy
-    # actions out
+    # the rollout's steps, as it acts: the env's numpy obs in, normalized obs out; those and the noise in, numpy actions
     if numpy_act:
-        normalize, policy = numpy_units(acting, normalizer)
+        normalize_step, policy_step = numpy_units(acting, normalizer)
     else:
-        normalize = functools.partial(torch_normalize, normalize, act_device, (args.num_seeds, args.num_envs, -1))
-        policy = functools.partial(torch_step, policy)
+        normalize_step = functools.partial(torch_normalize, normalize, act_device, (args.num_seeds, args.num_envs, -1))
+        policy_step = functools.partial(torch_step, policy)
 
-    shape = (args.num_steps, args.num_seeds, args.num_envs)
-    buf = dict(
-        obs=torch.zeros(shape + (n_obs,), device=device),
-        actions=torch.zeros(shape + (n_actions,), device=device),
-        **{k: torch.zeros(shape, device=device) for k in ("logprobs", "rewards", "dones", "values")},
-    )
+    buf = {
+        k: torch.zeros((args.num_steps, args.num_seeds, args.num_envs) + dims, device=device)
+        for k, dims in (("obs", (n_obs,)), ("actions", (n_actions,)), ("rewards", ()), ("dones", ()))
+    }
     stats = torch.zeros(args.update_epochs * args.num_minibatches, args.num_seeds, 6, device=device)
     episodes = plumbing.MemberEpisodes(args.num_seeds, args.num_envs)
-    global_step = 0
-    start_iteration = 1
+    member_parts = dict(agent=params, optimizer=optimizer, normalizer=normalizer)  # a slice of each per member
+    run_parts = dict(rng=rngs, episodes=episodes)
     if ckpt:
-        plumbing.resume(
-            ckpt,
-            args.seed,
-            restart=True,  # envpool cannot save its envs: they start new episodes
-            agent=params,
-            optimizer=optimizer,
-            normalizer=normalizer,
-            rng=rngs,
-            episodes=episodes,  # the envs start new episodes
-        )
-        global_step = ckpt["global_step"]
-        start_iteration = ckpt["iteration"] + 1
+        plumbing.resume(ckpt, args.seed, restart=True, **member_parts, **run_parts)  # envpool cannot save its envs
 
     run = plumbing.Run(args, SCRIPT, device, args.num_iterations * args.batch_size, global_step)
     iteration = start_iteration - 1
     with run:
-        next_obs = normalize(np.concatenate([envs.reset()[0] for envs in pools]))  # a compiled normalizer compiles here
+        next_obs = normalize_step(np.concatenate([envs.reset()[0] for envs in pools]))  # a compiled one compiles here
         next_done = np.zeros(args.num_seeds * args.num_envs, dtype=bool)
         for iteration in range(start_iteration, args.num_iterations + 1):
-            t_iter = time.perf_counter()
+            t0 = time.perf_counter()
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / args.num_iterations
                 lr.copy_(torch.tensor([frac * x for x in member_lrs]))
@@ -711,8 +680,8 @@ def main(args: Args):
             noise = rollout_noise(inference["actor_logstd"], noise_shape, rngs).to(act_device)
             next_obs, next_done, rewards, ended, t_env, t_policy = rollout(
                 pools,
-                policy,
-                normalize,
+                policy_step,
+                normalize_step,
                 numpy_act,
                 normalizer,
                 next_obs,
@@ -723,15 +692,12 @@ def main(args: Args):
             )
             episodes.record_steps(rewards, ended)
             global_step += args.batch_size
-            t_rollout = time.perf_counter() - t_iter
 
-            t0 = time.perf_counter()
+            t1 = time.perf_counter()
             last_obs = torch.as_tensor(next_obs, device=device)  # as the rollout's obs reach the buffer
             last_done = torch.from_numpy(next_done).to(device).float().view(args.num_seeds, args.num_envs)
-            logprobs, _, values = evaluate(buf["obs"], buf["actions"])  # the rollout's, in one batched call
-            buf["logprobs"].copy_(logprobs)
-            buf["values"].copy_(values)
-            advantages, returns = gae(
+            buf["logprobs"], _, buf["values"] = evaluate(buf["obs"], buf["actions"])  # in one batched call
+            buf["advantages"], buf["returns"] = gae(
                 get_value(last_obs).squeeze(-1),
                 last_done,
                 buf["rewards"],
@@ -740,13 +706,12 @@ def main(args: Args):
                 args.gamma,
                 args.gae_lambda,
             )
-            t_gae = time.perf_counter() - t0
 
-            t0 = time.perf_counter()
+            t2 = time.perf_counter()
             # each member's batch as its own run flattens it, member first
             batch = [
-                x.transpose(0, 1).flatten(1, 2)
-                for x in (buf["obs"], buf["actions"], buf["logprobs"], advantages, returns, buf["values"])
+                buf[k].transpose(0, 1).flatten(1, 2)
+                for k in ("obs", "actions", "logprobs", "advantages", "returns", "values")
             ]
             n = 0
             for _epoch in range(args.update_epochs):
@@ -762,7 +727,7 @@ def main(args: Args):
                     with torch.compiler.set_stance(skip_guard_eval_unsafe=n > 0):
                         stats[n] = update_minibatch(*batch, inds)
                     n += 1
-            t_update = time.perf_counter() - t0
+            t3 = time.perf_counter()
 
             losses = stats[:n].mean(0).tolist()  # the one host sync of the iteration: [member][loss]
             names = ("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy", "grad_norm")
@@ -775,11 +740,11 @@ def main(args: Args):
                 global_step,
                 steady=iteration - start_iteration + 1 >= args.measure_burnin,
                 iteration=iteration,
-                t_rollout=t_rollout,
+                t_rollout=t1 - t0,
                 t_env=t_env,
                 t_policy=t_policy,
-                t_gae=t_gae,
-                t_update=t_update,
+                t_gae=t2 - t1,
+                t_update=t3 - t2,
                 members=members,  # the top-level return, lr and losses: the means of the members still training
             )
             if args.compile and iteration == start_iteration:
@@ -788,15 +753,8 @@ def main(args: Args):
                 break
     for envs in pools:
         envs.close()
-    run.save(
-        # a diverged member's parameters, Adam state and statistics: its last finite ones (the resumed checkpoint's)
-        earlier=ckpt,
-        members=dict(agent=params, optimizer=optimizer, normalizer=normalizer),
-        iteration=iteration,
-        global_step=global_step,
-        rng=rngs,
-        episodes=episodes,
-    )
+    # a diverged member's parameters, Adam state and statistics: its last finite ones (the resumed checkpoint's)
+    run.save(earlier=ckpt, members=member_parts, iteration=iteration, global_step=global_step, **run_parts)
     run.finish(
         global_step,
         run.live_mean(episodes.means()),
