@@ -171,11 +171,6 @@ def check_args(args: Args) -> Optional[dict]:
     )
 
 
-def pool_sizes(args: Args) -> list:
-    half = args.num_envs // 2 if args.split_envs else 0  # one env makes one pool
-    return [args.num_envs - half, half] if half else [args.num_envs]
-
-
 def make_envs(args: Args, seed: int, num_envs: int):
     # CleanRL's settings: 84x84 grey frames, 4 stacked, frameskip 4; a lost life ends the (training) episode and
     # rewards are clipped to their sign. The real game score comes back unclipped in info["reward"].
@@ -192,8 +187,10 @@ def make_envs(args: Args, seed: int, num_envs: int):
 def make_pools(args: Args, seed: int) -> list:
     """The envs as envpool pools, (index of the pool's first env, pool). envpool seeds env i of a pool with seed + i,
     so the pool that starts at env `lo` gets seed + lo: every env plays the games it plays in a single pool."""
-    los = np.cumsum([0] + pool_sizes(args)[:-1]).tolist()
-    return [(lo, make_envs(args, seed + lo, n)) for lo, n in zip(los, pool_sizes(args))]
+    half = args.num_envs // 2 if args.split_envs else 0  # one env makes one pool
+    sizes = [args.num_envs - half, half] if half else [args.num_envs]
+    los = np.cumsum([0] + sizes[:-1]).tolist()
+    return [(lo, make_envs(args, seed + lo, n)) for lo, n in zip(los, sizes)]
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -251,12 +248,6 @@ def inference_copy(agent: Agent) -> Agent:
     copy = Agent(agent.actor.out_features, agent.bf16).to(next(agent.parameters()).device)
     from_module(agent).data.to_module(copy, preserve_module_state=False)
     return copy
-
-
-def bf16_supported(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def policy(agent: Agent, obs, gumbel):
@@ -345,9 +336,9 @@ def update(agent: Agent, optimizer, args: Args, obs, actions, logprobs, advantag
     return torch.stack([approx_kl, clipfrac, pg_loss.detach(), v_loss.detach(), entropy_loss.detach()])
 
 
-def compile_units(agent: Agent, args: Args, device, n_pools: int) -> dict:
+def compile_units(agent: Agent, args: Args, device, sizes: list) -> dict:
     """The units of main's compile block, compiled, with a learner of their own around `agent`: its inference copy
-    (a deepcopy: no random number drawn), an optimizer and the optimizer's lr tensor."""
+    (a deepcopy: no random number drawn), an optimizer and the optimizer's lr tensor. `sizes`: the env pools'."""
     agent_inference = copy.deepcopy(agent)
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     lr = torch.tensor(args.learning_rate, device=device)
@@ -358,16 +349,16 @@ def compile_units(agent: Agent, args: Args, device, n_pools: int) -> dict:
         agent_inference=agent_inference,
         optimizer=optimizer,
         lr=lr,
-        acts=[torch.compile(functools.partial(policy, agent_inference)) for _ in range(n_pools)],
+        acts=[torch.compile(functools.partial(policy, agent_inference)) for _ in sizes],
         compute_gae=torch.compile(compute_gae) if device.type == "cuda" else compute_gae,  # as main's block
         update_minibatch=torch.compile(functools.partial(update, agent, optimizer, args)),
     )
 
 
-def warm_up(units: dict, args: Args, device, obs_shape, n_actions: int) -> dict:
+def warm_up(units: dict, args: Args, device, obs_shape, n_actions: int, sizes: list) -> dict:
     """Call every unit on zeros of the loop's shapes, so that each compiles now (the policy draws no random number).
     Every input is a tensor of its own, as in the loop: Dynamo specializes a graph on two inputs being the same."""
-    for act, n in zip(units["acts"], pool_sizes(args)):
+    for act, n in zip(units["acts"], sizes):
         act(torch.zeros((n,) + obs_shape, dtype=torch.uint8, device=device), torch.zeros(n, n_actions, device=device))
     num_steps = args.num_steps
     num_envs = args.num_envs
@@ -395,7 +386,7 @@ def fill_compile_cache(log_dir: str):
             raise RuntimeError(f"the compile subprocess failed; see {log.name}")
 
 
-def compile_in_background(agent: Agent, args: Args, device, obs_shape, n_actions: int, n_pools: int) -> Future:
+def compile_in_background(agent: Agent, args: Args, device, obs_shape, n_actions: int, sizes: list) -> Future:
     """In a daemon thread (neither Ctrl-C nor the run's end waits for it): fill the cache, compile and warm up units
     on a copy of `agent` (deepcopy draws no random number). The future holds (units, seconds) or the thread's error."""
     twin = copy.deepcopy(agent)
@@ -405,7 +396,7 @@ def compile_in_background(agent: Agent, args: Args, device, obs_shape, n_actions
         t0 = time.perf_counter()
         try:
             fill_compile_cache(args.log_dir)
-            units = warm_up(compile_units(twin, args, device, n_pools), args, device, obs_shape, n_actions)
+            units = warm_up(compile_units(twin, args, device, sizes), args, device, obs_shape, n_actions, sizes)
             future.set_result((units, time.perf_counter() - t0))
         except Exception as e:
             future.set_exception(e)
@@ -434,6 +425,8 @@ STAT_NAMES = ("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
 
 def main(args: Args):
     ckpt = check_args(args)
+    global_step = ckpt["global_step"] if ckpt else 0
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
@@ -445,17 +438,21 @@ def main(args: Args):
     # (doc/gpu.md). cuDNN's convolutions take TF32 by default, in both scripts.
     torch.set_num_threads(args.num_threads)
     device = plumbing.pick_device(args)
-    use_bf16 = args.bf16 and bf16_supported(device)
+    # --bf16 takes effect only where the hardware has native bf16: CUDA, or AVX512-BF16/AMX CPUs (oneDNN's check)
+    use_bf16 = args.bf16 and (
+        torch.cuda.is_bf16_supported() if device.type == "cuda" else torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
 
-    pools = make_pools(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
+    pools = make_pools(args, seed=args.seed + global_step)
     n_actions = pools[0][1].action_space.n
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
     # global generator after compiling a function, which would replay numbers the loop drew before the compile
     rng = torch.Generator(device).manual_seed(args.seed)
     agent = Agent(n_actions, use_bf16).to(device)
     obs_shape = pools[0][1].observation_space.shape
+    sizes = [len(envs) for _, envs in pools]
     if args.compile_cache_only:  # see fill_compile_cache
-        warm_up(compile_units(agent, args, device, len(pools)), args, device, obs_shape, n_actions)
+        warm_up(compile_units(agent, args, device, sizes), args, device, obs_shape, n_actions, sizes)
         for _, envs in pools:
             envs.close()
         return
@@ -485,7 +482,7 @@ def main(args: Args):
         update_minibatch = CudaGraphModule(update_minibatch)
     pending = None
     if args.compile_async:
-        pending = compile_in_background(agent, args, device, obs_shape, n_actions, len(pools))
+        pending = compile_in_background(agent, args, device, obs_shape, n_actions, sizes)
 
     shape = (args.num_steps, args.num_envs)
     buf = TensorDict(
@@ -499,13 +496,11 @@ def main(args: Args):
         device=device,
     )
     episodes = plumbing.AtariEpisodes(args.num_envs)
-    global_step = 0
-    start_iteration = 1
+    # the run's state: resumed from the checkpoint and saved to it under these names
+    parts = dict(agent=agent, optimizer=optimizer, rng=rng, episodes=episodes)
     if ckpt:
         # envpool cannot save its envs: they start new episodes
-        plumbing.resume(ckpt, args.seed, restart=True, agent=agent, optimizer=optimizer, rng=rng, episodes=episodes)
-        global_step = ckpt["global_step"]
-        start_iteration = ckpt["iteration"] + 1
+        plumbing.resume(ckpt, args.seed, restart=True, **parts)
     next_obs = torch.from_numpy(np.concatenate([envs.reset()[0] for _, envs in pools])).to(device)
     next_done = torch.zeros(args.num_envs, device=device)
 
@@ -531,6 +526,7 @@ def main(args: Args):
                 acts = units["acts"]
                 compute_gae = units["compute_gae"]
                 update_minibatch = units["update_minibatch"]
+                parts.update(agent=agent, optimizer=optimizer)  # the learner the loop trains from now on, to be saved
                 if args.cudagraphs:
                     acts = [CudaGraphModule(act) for act in acts]
                     compute_gae = CudaGraphModule(compute_gae)
@@ -594,14 +590,7 @@ def main(args: Args):
                 break
     for _, envs in pools:
         envs.close()
-    run.save(
-        iteration=iteration,
-        global_step=global_step,
-        agent=agent,
-        optimizer=optimizer,
-        rng=rng,
-        episodes=episodes,
-    )
+    run.save(iteration=iteration, global_step=global_step, **parts)
     if not args.compile_async:
         compile_time = run.compile_time() if args.compile else None
     try:

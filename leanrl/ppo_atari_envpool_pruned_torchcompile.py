@@ -166,11 +166,6 @@ def check_args(args: Args) -> Optional[dict]:
     return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps", "prune_mode"), step=batch_size)
 
 
-def pool_sizes(args: Args) -> list:
-    half = args.num_envs // 2 if args.split_envs else 0  # one env makes one pool
-    return [args.num_envs - half, half] if half else [args.num_envs]
-
-
 def make_envs(args: Args, seed: int, num_envs: int):
     # CleanRL's settings: 84x84 grey frames, 4 stacked, frameskip 4; a lost life ends the (training) episode and
     # rewards are clipped to their sign. The real game score comes back unclipped in info["reward"].
@@ -187,8 +182,10 @@ def make_envs(args: Args, seed: int, num_envs: int):
 def make_pools(args: Args, seed: int) -> list:
     """The envs as envpool pools, (index of the pool's first env, pool). envpool seeds env i of a pool with seed + i,
     so the pool that starts at env `lo` gets seed + lo: every env plays the games it plays in a single pool."""
-    los = np.cumsum([0] + pool_sizes(args)[:-1]).tolist()
-    return [(lo, make_envs(args, seed + lo, n)) for lo, n in zip(los, pool_sizes(args))]
+    half = args.num_envs // 2 if args.split_envs else 0  # one env makes one pool
+    sizes = [args.num_envs - half, half] if half else [args.num_envs]
+    los = np.cumsum([0] + sizes[:-1]).tolist()
+    return [(lo, make_envs(args, seed + lo, n)) for lo, n in zip(los, sizes)]
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -251,12 +248,6 @@ def inference_copy(agent: Agent) -> Agent:
     twin = copy.deepcopy(agent)
     from_module(agent).data.to_module(twin, preserve_module_state=False)
     return twin
-
-
-def bf16_supported(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def policy(agent: Agent, obs, gumbel):
@@ -436,6 +427,8 @@ def model_size(agent: Agent, example: tuple) -> dict:
 
 def main(args: Args):
     ckpt = check_args(args)
+    global_step = ckpt["global_step"] if ckpt else 0
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
@@ -447,9 +440,12 @@ def main(args: Args):
     # (doc/gpu.md). cuDNN's convolutions take TF32 by default, in both scripts.
     torch.set_num_threads(args.num_threads)
     device = plumbing.pick_device(args)
-    use_bf16 = args.bf16 and bf16_supported(device)
+    # --bf16 takes effect only where the hardware has native bf16: CUDA, or AVX512-BF16/AMX CPUs (oneDNN's check)
+    use_bf16 = args.bf16 and (
+        torch.cuda.is_bf16_supported() if device.type == "cuda" else torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
 
-    pools = make_pools(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
+    pools = make_pools(args, seed=args.seed + global_step)
     n_actions = pools[0][1].action_space.n
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
     # global generator after compiling a function, which would replay numbers the loop drew before the compile
@@ -504,13 +500,11 @@ def main(args: Args):
         device=device,
     )
     episodes = plumbing.AtariEpisodes(args.num_envs)
-    global_step = 0
-    start_iteration = 1
+    # the run's state: resumed from the checkpoint and saved to it under these names
+    parts = dict(agent=agent, optimizer=optimizer, rng=rng, episodes=episodes)
     if ckpt:
         # envpool cannot save its envs: they start new episodes
-        plumbing.resume(ckpt, args.seed, restart=True, agent=agent, optimizer=optimizer, rng=rng, episodes=episodes)
-        global_step = ckpt["global_step"]
-        start_iteration = ckpt["iteration"] + 1
+        plumbing.resume(ckpt, args.seed, restart=True, **parts)
     next_obs = torch.from_numpy(np.concatenate([envs.reset()[0] for _, envs in pools])).to(device)
     next_done = torch.zeros(args.num_envs, device=device)
 
@@ -590,10 +584,7 @@ def main(args: Args):
     run.save(
         iteration=iteration,
         global_step=global_step,
-        agent=agent,
-        optimizer=optimizer,
-        rng=rng,
-        episodes=episodes,
+        **parts,
         pruning=dict(
             step=pruner.current_step,
             history=pruner.pruning_history(),

@@ -165,11 +165,6 @@ def check_args(args: Args) -> Optional[dict]:
     return plumbing.check_run(args, SCRIPT, same=("env_id", "num_envs", "num_steps"), step=batch_size)
 
 
-def pool_sizes(args: Args) -> list:
-    half = args.num_envs // 2 if args.split_envs else 0  # one env makes one pool
-    return [args.num_envs - half, half] if half else [args.num_envs]
-
-
 def make_envs(args: Args, seed: int, num_envs: int):
     # CleanRL's settings: 84x84 grey frames, 4 stacked, frameskip 4; a lost life ends the (training) episode and
     # rewards are clipped to their sign. The real game score comes back unclipped in info["reward"].
@@ -186,8 +181,10 @@ def make_envs(args: Args, seed: int, num_envs: int):
 def make_pools(args: Args, seed: int) -> list:
     """The envs as envpool pools, (index of the pool's first env, pool). envpool seeds env i of a pool with seed + i,
     so the pool that starts at env `lo` gets seed + lo: every env plays the games it plays in a single pool."""
-    los = np.cumsum([0] + pool_sizes(args)[:-1]).tolist()
-    return [(lo, make_envs(args, seed + lo, n)) for lo, n in zip(los, pool_sizes(args))]
+    half = args.num_envs // 2 if args.split_envs else 0  # one env makes one pool
+    sizes = [args.num_envs - half, half] if half else [args.num_envs]
+    los = np.cumsum([0] + sizes[:-1]).tolist()
+    return [(lo, make_envs(args, seed + lo, n)) for lo, n in zip(los, sizes)]
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -245,12 +242,6 @@ def inference_copy(agent: Agent) -> Agent:
     copy = Agent(agent.actor.out_features, agent.bf16).to(next(agent.parameters()).device)
     from_module(agent).data.to_module(copy, preserve_module_state=False)
     return copy
-
-
-def bf16_supported(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 # eager int8 warns at every rebuild that torch.ao.quantization is deprecated (see above); the pinned torch 2.13 has it
@@ -457,6 +448,8 @@ STAT_NAMES = ("approx_kl", "clipfrac", "pg_loss", "v_loss", "entropy")
 
 def main(args: Args):
     ckpt = check_args(args)
+    global_step = ckpt["global_step"] if ckpt else 0
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
@@ -468,10 +461,13 @@ def main(args: Args):
     # (doc/gpu.md). cuDNN's convolutions take TF32 by default, in both scripts.
     torch.set_num_threads(args.num_threads)
     device = plumbing.pick_device(args)
-    use_bf16 = args.bf16 and bf16_supported(device)
+    # --bf16 takes effect only where the hardware has native bf16: CUDA, or AVX512-BF16/AMX CPUs (oneDNN's check)
+    use_bf16 = args.bf16 and (
+        torch.cuda.is_bf16_supported() if device.type == "cuda" else torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
     check_quant_method(args, device)
 
-    pools = make_pools(args, seed=args.seed + (ckpt["global_step"] if ckpt else 0))
+    pools = make_pools(args, seed=args.seed + global_step)
     n_actions = pools[0][1].action_space.n
     # the loop's random numbers (exploration, minibatches) come from its own generator: torch.compile restores torch's
     # global generator after compiling a function, which would replay numbers the loop drew before the compile
@@ -522,13 +518,11 @@ def main(args: Args):
         device=device,
     )
     episodes = plumbing.AtariEpisodes(args.num_envs)
-    global_step = 0
-    start_iteration = 1
+    # the run's state: resumed from the checkpoint and saved to it under these names
+    parts = dict(agent=agent, optimizer=optimizer, rng=rng, episodes=episodes)
     if ckpt:
         # envpool cannot save its envs: they start new episodes
-        plumbing.resume(ckpt, args.seed, restart=True, agent=agent, optimizer=optimizer, rng=rng, episodes=episodes)
-        global_step = ckpt["global_step"]
-        start_iteration = ckpt["iteration"] + 1
+        plumbing.resume(ckpt, args.seed, restart=True, **parts)
     next_obs = torch.from_numpy(np.concatenate([envs.reset()[0] for _, envs in pools])).to(device)
     next_done = torch.zeros(args.num_envs, device=device)
 
@@ -598,14 +592,7 @@ def main(args: Args):
     requant.close()
     for _, envs in pools:
         envs.close()
-    run.save(
-        iteration=iteration,
-        global_step=global_step,
-        agent=agent,
-        optimizer=optimizer,
-        rng=rng,
-        episodes=episodes,
-    )
+    run.save(iteration=iteration, global_step=global_step, **parts)
     # the policy's cost per rollout step, both precisions side by side on the last observations (eager both)
     gumbel = -torch.empty(args.num_envs, n_actions, device=device).exponential_().log()
     latency_fp32 = forward_latency(functools.partial(policy, agent_inference), next_obs, gumbel)
