@@ -336,9 +336,9 @@ def update(agent: Agent, optimizer, args: Args, obs, actions, logprobs, advantag
     return torch.stack([approx_kl, clipfrac, pg_loss.detach(), v_loss.detach(), entropy_loss.detach()])
 
 
-def compile_units(agent: Agent, args: Args, device, sizes: list) -> dict:
+def compile_units(agent: Agent, args: Args, device, n_pools: int) -> dict:
     """The units of main's compile block, compiled, with a learner of their own around `agent`: its inference copy
-    (a deepcopy: no random number drawn), an optimizer and the optimizer's lr tensor. `sizes`: the env pools'."""
+    (a deepcopy: no random number drawn), an optimizer and the optimizer's lr tensor."""
     agent_inference = copy.deepcopy(agent)
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     lr = torch.tensor(args.learning_rate, device=device)
@@ -349,15 +349,17 @@ def compile_units(agent: Agent, args: Args, device, sizes: list) -> dict:
         agent_inference=agent_inference,
         optimizer=optimizer,
         lr=lr,
-        acts=[torch.compile(functools.partial(policy, agent_inference)) for _ in sizes],
+        acts=[torch.compile(functools.partial(policy, agent_inference)) for _ in range(n_pools)],
         compute_gae=torch.compile(compute_gae) if device.type == "cuda" else compute_gae,  # as main's block
         update_minibatch=torch.compile(functools.partial(update, agent, optimizer, args)),
     )
 
 
-def warm_up(units: dict, args: Args, device, obs_shape, n_actions: int, sizes: list) -> dict:
+def warm_up(units: dict, args: Args, device, obs_shape, n_actions: int) -> dict:
     """Call every unit on zeros of the loop's shapes, so that each compiles now (the policy draws no random number).
     Every input is a tensor of its own, as in the loop: Dynamo specializes a graph on two inputs being the same."""
+    half = args.num_envs // 2 if args.split_envs else 0  # the pools' sizes, as make_pools splits the envs
+    sizes = [args.num_envs - half, half] if half else [args.num_envs]
     for act, n in zip(units["acts"], sizes):
         act(torch.zeros((n,) + obs_shape, dtype=torch.uint8, device=device), torch.zeros(n, n_actions, device=device))
     num_steps = args.num_steps
@@ -386,7 +388,7 @@ def fill_compile_cache(log_dir: str):
             raise RuntimeError(f"the compile subprocess failed; see {log.name}")
 
 
-def compile_in_background(agent: Agent, args: Args, device, obs_shape, n_actions: int, sizes: list) -> Future:
+def compile_in_background(agent: Agent, args: Args, device, obs_shape, n_actions: int, n_pools: int) -> Future:
     """In a daemon thread (neither Ctrl-C nor the run's end waits for it): fill the cache, compile and warm up units
     on a copy of `agent` (deepcopy draws no random number). The future holds (units, seconds) or the thread's error."""
     twin = copy.deepcopy(agent)
@@ -396,7 +398,7 @@ def compile_in_background(agent: Agent, args: Args, device, obs_shape, n_actions
         t0 = time.perf_counter()
         try:
             fill_compile_cache(args.log_dir)
-            units = warm_up(compile_units(twin, args, device, sizes), args, device, obs_shape, n_actions, sizes)
+            units = warm_up(compile_units(twin, args, device, n_pools), args, device, obs_shape, n_actions)
             future.set_result((units, time.perf_counter() - t0))
         except Exception as e:
             future.set_exception(e)
@@ -450,9 +452,8 @@ def main(args: Args):
     rng = torch.Generator(device).manual_seed(args.seed)
     agent = Agent(n_actions, use_bf16).to(device)
     obs_shape = pools[0][1].observation_space.shape
-    sizes = [len(envs) for _, envs in pools]
     if args.compile_cache_only:  # see fill_compile_cache
-        warm_up(compile_units(agent, args, device, sizes), args, device, obs_shape, n_actions, sizes)
+        warm_up(compile_units(agent, args, device, len(pools)), args, device, obs_shape, n_actions)
         for _, envs in pools:
             envs.close()
         return
@@ -482,7 +483,7 @@ def main(args: Args):
         update_minibatch = CudaGraphModule(update_minibatch)
     pending = None
     if args.compile_async:
-        pending = compile_in_background(agent, args, device, obs_shape, n_actions, sizes)
+        pending = compile_in_background(agent, args, device, obs_shape, n_actions, len(pools))
 
     shape = (args.num_steps, args.num_envs)
     buf = TensorDict(
