@@ -4,7 +4,7 @@ graphs wrap.
 The algorithm, networks and defaults of sac_continuous_action.py (CleanRL's). An update per env step costs mostly
 Python and dispatch on a CPU, so the tricks remove machinery, each in the function that holds it:
 
-- `twin_q`: the two Q-networks' parameters stacked on a leading dim and called once under torch.vmap.
+- `SoftQNetwork.twin_q`: the two Q-networks' parameters stacked on a leading dim and called once under torch.vmap.
 - `update_critic`, `update_actor`: torch.func.grad and torch.optim's functional Adam (`adam_step`), so that compiled,
   each update is one graph (loss.backward() and optimizer.step() would each break it).
 - `update_actor`: alpha's gradient in closed form and alpha kept on the device (no host sync per update).
@@ -198,6 +198,11 @@ class SoftQNetwork(nn.Sequential):
     def forward(self, x, a):
         return super().forward(torch.cat([x, a], 1))
 
+    def twin_q(self, q_params, obs, actions):
+        """Both Q-networks in one call: their parameters are stacked on a leading dim of 2 (`stack_twins`), this
+        network's architecture called on each under torch.vmap. Returns [2, batch]."""
+        return torch.vmap(lambda p: functional_call(self, p, (obs, actions)))(q_params).squeeze(-1)
+
 
 LOSSES = ("qf1_loss", "qf2_loss", "qf1_values", "actor_loss", "alpha_loss")  # logged, once there are any
 LOG_STD_MAX = 2
@@ -235,11 +240,6 @@ def stack_twins(qf1: nn.Module, qf2: nn.Module) -> dict:
         name: nn.Parameter(torch.stack([p1.detach(), p2.detach()]))
         for (name, p1), p2 in zip(qf1.named_parameters(), qf2.parameters())
     }
-
-
-def twin_q(qnet, q_params, obs, actions):
-    """Both Q-networks in one call: their parameters are stacked on a leading dim of 2. Returns [2, batch]."""
-    return torch.vmap(lambda p: functional_call(qnet, p, (obs, actions)))(q_params).squeeze(-1)
 
 
 def make_optimizer(params: list, lr, capturable: bool):
@@ -311,13 +311,13 @@ def update_critic(
     bf16 = torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=args.bf16)
     with torch.no_grad(), bf16:
         next_state_actions, next_state_log_pi = actor(next_obs, noise)
-        q_next_target = twin_q(qnet, q_target, next_obs, next_state_actions).float()
+        q_next_target = qnet.twin_q(q_target, next_obs, next_state_actions).float()
     min_qf_next_target = q_next_target.min(0).values - log_alpha.exp() * next_state_log_pi.float().view(-1)
     next_q_value = rewards + (1 - terminations) * args.gamma * min_qf_next_target
 
     def qf_loss(params):
         with bf16:
-            q_a_values = twin_q(qnet, params, obs, actions).float()
+            q_a_values = qnet.twin_q(params, obs, actions).float()
         qf_losses = ((q_a_values - next_q_value) ** 2).mean(1)  # the two MSEs
         return qf_losses.sum(), torch.cat([qf_losses, q_a_values[0].mean().view(1)]).detach()
 
@@ -334,7 +334,7 @@ def update_actor(actor, qnet, q_params, log_alpha, actor_optimizer, a_optimizer,
     def actor_loss(params):
         with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=args.bf16):
             pi, log_pi = functional_call(actor, params, (obs, noise))
-            min_qf_pi = twin_q(qnet, q_data, obs, pi).min(0).values
+            min_qf_pi = qnet.twin_q(q_data, obs, pi).min(0).values
         return (log_alpha.exp() * log_pi.float().view(-1) - min_qf_pi.float()).mean()
 
     params = {name: p.detach() for name, p in actor.named_parameters()}
@@ -377,7 +377,7 @@ def main(args: Args):
     qf1 = SoftQNetwork(n_obs, n_actions).to(device)
     q_params = stack_twins(qf1, SoftQNetwork(n_obs, n_actions).to(device))
     q_target = {name: p.data.clone() for name, p in q_params.items()}
-    qnet = qf1.to("meta")  # the architecture alone: twin_q calls it with the stacked parameters
+    qnet = qf1.to("meta")  # the architecture alone: its twin_q calls it with the stacked parameters
     # the inference copy: the learner's storage as plain tensors without requires_grad
     actor_inference = Actor(n_obs, n_actions, low, high).to(device)
     from_module(actor).data.to_module(actor_inference, preserve_module_state=False)

@@ -14,8 +14,8 @@ DEFINITIONS = {
     "ppo_torchcompile": 16,
     "ppo_atari_envpool_torchcompile": 12,
     "ppo_continuous_action_torchcompile": 18,
-    "sac_continuous_action_torchcompile": 14,
-    "td3_continuous_action_torchcompile": 14,
+    "sac_continuous_action_torchcompile": 13,
+    "td3_continuous_action_torchcompile": 13,
     "dqn_torchcompile": 14,
     "dqn_atari_envpool_torchcompile": 14,
 }

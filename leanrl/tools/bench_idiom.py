@@ -144,7 +144,9 @@ def dqn_units(mod, idiom, options, atari: bool):
             obs, next_obs, actions, rewards, dones = (fields[k][inds] for k in fields)
         with torch.no_grad():
             td_target = rewards + gamma * target_network(next_obs).max(dim=1).values * (1 - dones)
-        loss, stats = mod.td_loss(dict(q_network.named_parameters()), q_network, obs, actions, td_target)
+        q = q_network(obs).gather(1, actions.unsqueeze(1)).squeeze(1)  # the script's td_loss, in update
+        loss = nn.functional.mse_loss(td_target, q)
+        stats = torch.stack([loss, q.mean()]).detach()
         optimizer.zero_grad()
         loss.backward()
         step(optimizer)
@@ -178,10 +180,10 @@ def td3_units(mod, idiom, options):
                 next_actions = target_actor(next_obs).float()
             next_state_actions = (next_actions + clipped_noise).clamp(target_actor.low, target_actor.high)
             with bf16:
-                min_qf_next_target = mod.twin_q(qnet, q_target, next_obs, next_state_actions).float().min(0).values
+                min_qf_next_target = qnet.twin_q(q_target, next_obs, next_state_actions).float().min(0).values
             next_q_value = rewards + (1 - terminations) * args.gamma * min_qf_next_target
         with bf16:
-            q_a_values = mod.twin_q(qnet, q_params, obs, actions).float()
+            q_a_values = qnet.twin_q(q_params, obs, actions).float()
         qf_losses = ((q_a_values - next_q_value) ** 2).mean(1)
         optimizer.zero_grad()
         qf_losses.sum().backward()
@@ -222,12 +224,12 @@ def sac_units(mod, idiom, options):
         bf16 = torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=args.bf16)
         with torch.no_grad(), bf16:
             next_state_actions, next_state_log_pi = actor(next_obs, noise)
-            q_next_target = mod.twin_q(qnet, q_target, next_obs, next_state_actions).float()
+            q_next_target = qnet.twin_q(q_target, next_obs, next_state_actions).float()
         with torch.no_grad():
             min_qf_next_target = q_next_target.min(0).values - log_alpha.exp() * next_state_log_pi.float().view(-1)
             next_q_value = rewards + (1 - terminations) * args.gamma * min_qf_next_target
         with bf16:
-            q_a_values = mod.twin_q(qnet, q_params, obs, actions).float()
+            q_a_values = qnet.twin_q(q_params, obs, actions).float()
         qf_losses = ((q_a_values - next_q_value) ** 2).mean(1)
         optimizer.zero_grad()
         qf_losses.sum().backward()
@@ -238,7 +240,7 @@ def sac_units(mod, idiom, options):
         q_data = {name: p.detach() for name, p in q_params.items()}
         with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=args.bf16):
             pi, log_pi = actor(obs, noise)
-            min_qf_pi = mod.twin_q(qnet, q_data, obs, pi).min(0).values
+            min_qf_pi = qnet.twin_q(q_data, obs, pi).min(0).values
         loss = (log_alpha.exp().detach() * log_pi.float().view(-1) - min_qf_pi.float()).mean()
         actor_optimizer.zero_grad()
         loss.backward()
